@@ -1,0 +1,174 @@
+"""`TokenIndex`: an incremental n-gram index over a growing sequence of token ids."""
+
+import numpy as np
+
+from lookahead.index import kernels
+
+_GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
+_MAX_LOAD = 0.8  # slots used / slots, before the table grows
+_MIN_SLOTS = 1024
+_MIN_TOKENS = 256
+_CHUNK = 4096  # end positions indexed per kernel call on a long extend
+_warmed_up = False
+
+
+class TokenIndex:
+    """Finds, in O(max_ngram²) independent of length, what followed the current suffix last time.
+
+    The index holds a sequence of token ids. `append`/`extend` add to its end;
+    `longest_match` returns the longest suffix (between `min_ngram` and `max_ngram`
+    tokens) that occurred earlier in the sequence, and where it most recently did;
+    `continuation` reads the tokens that followed it.
+
+    Cost: amortized O(max_ngram) hashing per appended token (plus one probe sequence per
+    gram); O(max_ngram²) per query. Neither grows with the sequence length.
+    Memory: 4 bytes per token plus 4 bytes per table slot; one slot per distinct
+    (gram, length) pair, at most `max_ngram - min_ngram + 1` per token. The table keeps
+    at most 80% of its slots used and grows by 1.5x, and the token buffer grows by 1.5x,
+    so for max_ngram <= 8 and min_ngram >= 2 the index never exceeds
+    7 * 4 * 1.5 / 0.8 + 4 * 1.5 = 58.5 bytes per token once past its minimum size (about
+    1,000 tokens); on real text, where grams repeat, it is typically 15-30
+    (`lookahead bench --overhead` measures it).
+
+    Rolling back (`truncate`) rebuilds the table from the kept tokens, O(kept * max_ngram):
+    the drafters never need it, since they index verified tokens only.
+
+    Args:
+        min_ngram: shortest suffix worth matching (>= 1).
+        max_ngram: longest suffix tried (min_ngram..16).
+
+    Example:
+        >>> index = TokenIndex(min_ngram=1, max_ngram=3)
+        >>> index.extend([5, 6, 7, 8, 5, 6])
+        >>> index.longest_match()
+        (2, 1)
+        >>> index.continuation(1, 3).tolist()
+        [7, 8, 5]
+    """
+
+    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8):
+        if not isinstance(min_ngram, int) or not isinstance(max_ngram, int):
+            raise TypeError(f"min_ngram and max_ngram must be int, got {min_ngram!r} and {max_ngram!r}")
+        if not 1 <= min_ngram <= max_ngram <= kernels.MAX_NGRAM:
+            raise ValueError(
+                f"need 1 <= min_ngram <= max_ngram <= {kernels.MAX_NGRAM}, got min_ngram={min_ngram}, max_ngram={max_ngram}"
+            )
+        global _warmed_up
+        if not _warmed_up:
+            kernels.warm_up()
+            _warmed_up = True
+        self.min_ngram = min_ngram
+        self.max_ngram = max_ngram
+        self._tokens = np.zeros(_MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) token ids; valid below self._n
+        self._table = np.full(_MIN_SLOTS, kernels.EMPTY, dtype=np.int32)  # (cap_slots,) see kernels.py
+        self._n = 0  # tokens held
+        self._used = 0  # table slots used
+        self._match = np.zeros(2, dtype=np.int64)  # out-buffer of longest_match: (length, end position)
+        self.version = 0  # bumped by every mutation; lets holders of positions detect staleness
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """A read-only view of the indexed tokens; stale after the next mutation."""
+        view = self._tokens[: self._n]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the index's buffers."""
+        return self._tokens.nbytes + self._table.nbytes
+
+    def append(self, token: int) -> None:
+        """Appends one token id."""
+        self.extend(np.array([token], dtype=np.int64))
+
+    def extend(self, token_ids) -> None:
+        """Appends token ids (any 1-D integer sequence; values in [0, 2**31))."""
+        new = _as_token_array(token_ids)
+        count = new.shape[0]
+        if count == 0:
+            return
+        if self._n + count > kernels.MAX_POSITIONS:
+            raise ValueError(f"TokenIndex holds at most {kernels.MAX_POSITIONS} tokens, got {self._n + count}")
+        if self._n + count > self._tokens.shape[0]:
+            capacity = max(int(self._tokens.shape[0] * _GROWTH), self._n + count)
+            grown = np.zeros(capacity, dtype=np.int32)
+            grown[: self._n] = self._tokens[: self._n]
+            self._tokens = grown
+        start = self._n
+        self._tokens[start : start + count] = new
+        self._n += count
+        self.version += 1
+        # Grams ending at start-1 .. n-2 become searchable; the last position stays out.
+        # Chunked so that reserving for the worst case (every gram new) never overgrows the table.
+        grams_per_end = self.max_ngram - self.min_ngram + 1
+        for lo in range(max(start - 1, 0), self._n - 1, _CHUNK):
+            hi = min(lo + _CHUNK, self._n - 1)
+            self._reserve((hi - lo) * grams_per_end)
+            self._used += kernels.index_ends(self._tokens, self._table, lo, hi, self.min_ngram, self.max_ngram)
+
+    def truncate(self, length: int) -> None:
+        """Keeps the first `length` tokens. Cost O(length * max_ngram): the table is rebuilt."""
+        if not 0 <= length <= self._n:
+            raise ValueError(f"truncate length must be in [0, {self._n}], got {length}")
+        if length == self._n:
+            return
+        kept = self._tokens[:length].copy()
+        self.clear()
+        self.extend(kept)
+
+    def clear(self) -> None:
+        """Drops every token; keeps the buffers."""
+        self._n = 0
+        self._used = 0
+        self._table.fill(kernels.EMPTY)
+        self.version += 1
+
+    def longest_match(self, min_ngram: int | None = None) -> tuple[int, int]:
+        """Returns (length, end) of the longest suffix that occurred earlier, most recent occurrence.
+
+        `end` is the position of the occurrence's last token, so its continuation starts at
+        end + 1. Returns (0, -1) when no suffix of at least `min_ngram` tokens occurred.
+        """
+        lo = self.min_ngram if min_ngram is None else max(min_ngram, self.min_ngram)
+        kernels.longest_match(self._tokens, self._table, self._n, lo, self.max_ngram, self._match)
+        return int(self._match[0]), int(self._match[1])
+
+    def continuation(self, end: int, max_tokens: int) -> np.ndarray:
+        """Up to `max_tokens` token ids that followed position `end` (a copy, int64)."""
+        if not -1 <= end < self._n:
+            raise ValueError(f"end must be in [-1, {self._n}), got {end}")
+        return self._tokens[end + 1 : min(end + 1 + max_tokens, self._n)].astype(np.int64)
+
+    def _reserve(self, new_slots: int) -> None:
+        # Grows the table so that `new_slots` more slots keep it at most _MAX_LOAD full.
+        need = self._used + new_slots
+        if need <= _MAX_LOAD * self._table.shape[0]:
+            return
+        capacity = self._table.shape[0]
+        while need > _MAX_LOAD * capacity:
+            capacity = int(capacity * _GROWTH)
+        table = np.full(capacity, kernels.EMPTY, dtype=np.int32)
+        self._used = kernels.rehash(self._tokens, self._table, table)
+        self._table = table
+
+
+def _as_token_array(token_ids) -> np.ndarray:
+    """Validates a 1-D sequence of token ids; returns it as int64 numpy."""
+    if hasattr(token_ids, "detach"):  # a torch tensor, without importing torch here
+        token_ids = token_ids.detach().cpu().numpy()
+    array = np.asarray(token_ids)
+    if array.ndim != 1:
+        raise ValueError(f"token ids must be 1-D, got shape {array.shape}")
+    if array.size == 0:
+        return array.astype(np.int64)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"token ids must be integers, got dtype {array.dtype}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= 2**31:
+        bad = low if low < 0 else high
+        raise ValueError(f"token ids must be in [0, 2**31), got {bad}")
+    return array.astype(np.int64)

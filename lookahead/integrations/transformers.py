@@ -1,0 +1,187 @@
+"""The one place that knows transformers' private shapes: a drafter as an `assistant_model`.
+
+transformers' assisted loop (`GenerationMixin._assisted_decoding`) wraps an
+`assistant_model` in an `AssistedCandidateGenerator`, which each step calls
+`assistant_model.generate(input_ids, max_new_tokens, generation_config, ...)` and reads
+`.sequences`, `.scores` and `.cache` from the result. `TransformersAssistant` answers those
+calls from a drafter's `reset`/`extend`/`propose`, so no transformers code is patched.
+
+What the candidate generator relies on, and how we answer:
+- `.scores`: stacked into candidate logits. Greedy verification ignores them, so they are
+  (1, 1) placeholders. Sampling runs `_speculative_sampling`, which needs q over the
+  target's vocabulary: our proposal is a point mass, so q is one-hot and the rule
+  "accept d with prob min(1, p(d)/q(d)) = p(d), else sample from (p - q)+" is exactly
+  sampling from p.
+- `.cache`: threaded back into the next call's kwargs. We return None; the key "cache"
+  is absent only on the first call of a generate(), which is how a new request is seen.
+- `.config` and `.device`: read while transformers validates the call and builds the
+  candidate generator. We read the caller's arguments there (one frame up) to refuse what
+  the loop cannot do with a clear message, and to learn the target's vocabulary size.
+"""
+
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from transformers import GenerationConfig
+
+_ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
+
+
+class UnsupportedGenerationError(ValueError):
+    """The requested generate() options cannot be verified by transformers' assisted loop."""
+
+
+class _AssistantConfig(SimpleNamespace):
+    """The slice of a model config that transformers reads from an assistant."""
+
+    def get_text_config(self, decoder=None):
+        return self
+
+
+class TransformersAssistant:
+    """Mixin: makes a drafter usable as `assistant_model=` in transformers 5.x generate().
+
+    The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(max_tokens) -> Draft`,
+    `num_draft_tokens`, `eos_token_ids` and `stats` (a DraftStats).
+    """
+
+    _target_vocab_size: int | None = None
+    _target_device: torch.device | None = None
+    _indexed: int = 0  # tokens of the current request the drafter has seen
+    _last_draft_len: int = 0
+
+    # -- attributes transformers reads ------------------------------------------------------
+
+    @property
+    def config(self) -> _AssistantConfig:
+        caller = _caller_locals("_validate_generation_mode")
+        if caller is not None:
+            _check_generation_mode(caller)
+            target = caller["self"]
+            self._target_vocab_size = target.config.get_text_config().vocab_size
+            self._target_device = target.device
+        return _AssistantConfig(is_encoder_decoder=False, vocab_size=self._target_vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        caller = _caller_locals("__init__")
+        if caller is not None and "input_ids" in caller and "model_kwargs" in caller:
+            _check_candidate_generator_inputs(caller["input_ids"], caller["model_kwargs"])
+        return self._target_device if self._target_device is not None else torch.device("cpu")
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        # "constant": transformers must not resize our drafts; threshold 0 keeps its
+        # confidence-based (sklearn) path off, which would read our placeholder scores.
+        return GenerationConfig(
+            num_assistant_tokens=self.num_draft_tokens,
+            num_assistant_tokens_schedule="constant",
+            assistant_confidence_threshold=0.0,
+        )
+
+    def _supports_logits_to_keep(self) -> bool:
+        return False
+
+    # -- the call the candidate generator makes each step ----------------------------------
+
+    def generate(self, input_ids, *, max_new_tokens, generation_config, **kwargs):
+        """Returns the sequence with a draft of at most `max_new_tokens` tokens appended.
+
+        Called by transformers' candidate generator once per verify step; not a model's generate.
+        """
+        if input_ids.shape[0] != 1:
+            raise UnsupportedGenerationError(
+                f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {_ALTERNATIVE}"
+            )
+        new_request = "cache" not in kwargs or input_ids.shape[1] <= self._indexed
+        if new_request:
+            self.eos_token_ids = _eos_ids(generation_config, self.eos_token_ids)
+            self.reset(input_ids[0])
+        else:
+            verified = input_ids[0, self._indexed :]
+            # The loop appended the accepted drafts plus one token of the model's own.
+            self.stats.record(self._last_draft_len, min(verified.shape[0] - 1, self._last_draft_len))
+            self.extend(verified)
+        self._indexed = input_ids.shape[1]
+
+        draft = self.propose(max_new_tokens)
+        sampling = bool(generation_config.do_sample)
+        token_ids = draft.token_ids
+        if sampling and token_ids.shape[0] == 0 and max_new_tokens > 0:
+            # The sampling branch needs at least one candidate (an empty block breaks its
+            # slicing); the last token is a free guess: a wrong one costs one verified position.
+            token_ids = np.asarray([int(input_ids[0, -1])], dtype=np.int64)
+        self._last_draft_len = token_ids.shape[0]
+
+        device = input_ids.device
+        candidates = torch.tensor(token_ids.tolist(), dtype=input_ids.dtype, device=device)[None, :]
+        sequences = torch.cat((input_ids, candidates), dim=1)
+        if sampling:
+            scores = _one_hot_scores(candidates[0], self._target_vocab_size, device)
+        else:
+            placeholder = torch.zeros((1, 1), device=device)
+            scores = (placeholder,) * max(1, token_ids.shape[0])
+        return SimpleNamespace(sequences=sequences, scores=scores, cache=None)
+
+
+def _one_hot_scores(candidates: torch.Tensor, vocab_size: int | None, device) -> tuple[torch.Tensor, ...]:
+    """Logits of a point-mass proposal: 0 at the drafted token, -inf elsewhere. One (1, vocab) per token."""
+    if vocab_size is None:
+        raise RuntimeError("the target's vocabulary size is unknown: use the drafter through model.generate()")
+    logits = torch.full((candidates.shape[0], vocab_size), float("-inf"), device=device)
+    logits[torch.arange(candidates.shape[0], device=device), candidates] = 0.0
+    return tuple(logits[i : i + 1] for i in range(candidates.shape[0]))
+
+
+def _eos_ids(generation_config, fallback):
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return fallback
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    return frozenset(int(t) for t in eos) | fallback
+
+
+def _caller_locals(function_name: str) -> dict | None:
+    """Locals of the transformers frame two levels up (the caller of our property), if it is `function_name`."""
+    frame = sys._getframe(2)
+    code = frame.f_code
+    if code.co_name != function_name or "transformers" not in code.co_filename.replace("\\", "/"):
+        return None
+    return frame.f_locals
+
+
+def _check_generation_mode(caller: dict) -> None:
+    mode = caller.get("generation_mode")
+    config = caller.get("generation_config")
+    target = caller.get("self")
+    if mode is not None and str(getattr(mode, "value", mode)) != "assisted_generation":
+        raise UnsupportedGenerationError(
+            f"LookupDrafter works with greedy search and sampling, but these options select "
+            f"'{getattr(mode, 'value', mode)}' (num_beams={getattr(config, 'num_beams', None)}); "
+            f"transformers would silently ignore the drafter. {_ALTERNATIVE}"
+        )
+    if config is not None and config.cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
+        raise UnsupportedGenerationError(
+            f"LookupDrafter needs a cache that can drop rejected drafts; cache_implementation="
+            f"'{config.cache_implementation}' cannot. {_ALTERNATIVE}"
+        )
+    if target is not None and target.config.is_encoder_decoder:
+        raise UnsupportedGenerationError(
+            f"LookupDrafter drafts for decoder-only models; {type(target).__name__} is an encoder-decoder. "
+            "Use a decoder-only model, or generate without assistant_model."
+        )
+
+
+def _check_candidate_generator_inputs(input_ids, model_kwargs: dict) -> None:
+    if input_ids.shape[0] != 1:
+        raise UnsupportedGenerationError(
+            f"LookupDrafter drafts for one sequence, but the batch has {input_ids.shape[0]}: transformers' "
+            f"assisted loop verifies batch size 1 only. {_ALTERNATIVE}"
+        )
+    cache = model_kwargs.get("past_key_values", model_kwargs.get("cache"))
+    if cache is not None and "Static" in type(cache).__name__:
+        raise UnsupportedGenerationError(
+            f"LookupDrafter needs a cache that can drop rejected drafts; {type(cache).__name__} cannot. {_ALTERNATIVE}"
+        )

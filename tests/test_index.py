@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead import TokenIndex
+from lookahead.index import kernels
+from tests import reference
+
+
+def test_warm_up_compiles_every_kernel():
+    assert kernels.warm_up() == 3  # the suffix [3, 1, 4] occurred at the start
+    for kernel in (kernels.index_ends, kernels.rehash, kernels.longest_match):
+        assert kernel.signatures, f"{kernel.__name__} was not compiled"
+
+
+# One operation on the index: ("extend", tokens) or ("truncate", fraction of the length kept).
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("extend"), st.lists(st.integers(0, 5), min_size=0, max_size=40)),
+        st.tuples(st.just("truncate"), st.floats(0, 1)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=operations, min_ngram=st.integers(1, 4), extra=st.integers(0, 5))
+def test_longest_match_equals_brute_force(ops, min_ngram, extra):
+    max_ngram = min_ngram + extra
+    index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
+    seq = []
+    for op, arg in ops:
+        if op == "extend":
+            # one token at a time and in bulk take different paths through extend
+            if len(arg) % 2:
+                for t in arg:
+                    index.append(t)
+            else:
+                index.extend(arg)
+            seq.extend(arg)
+        else:
+            keep = int(arg * len(seq))
+            index.truncate(keep)
+            del seq[keep:]
+        assert index.tokens.tolist() == seq
+        assert index.longest_match() == reference.longest_match(seq, min_ngram, max_ngram)
+
+
+def test_long_random_stream_matches_brute_force_at_every_step():
+    # Grows the table many times over; checks every prefix's answer.
+    rng = np.random.default_rng(0)
+    seq = rng.integers(0, 8, 3000).tolist()
+    index = TokenIndex(min_ngram=2, max_ngram=6)
+    for i, t in enumerate(seq):
+        index.append(t)
+        if i % 7 == 0 or i > 2900:
+            assert index.longest_match() == reference.longest_match(seq[: i + 1], 2, 6), i
+
+
+def test_bulk_extend_past_a_chunk_equals_appends():
+    rng = np.random.default_rng(1)
+    seq = rng.integers(0, 30, 10_000)
+    bulk, single = TokenIndex(min_ngram=1, max_ngram=8), TokenIndex(min_ngram=1, max_ngram=8)
+    bulk.extend(seq)
+    for t in seq:
+        single.append(int(t))
+    for tail in ([1, 2, 3], [7], [4, 4, 4, 4]):
+        bulk.extend(tail)
+        single.extend(tail)
+        assert bulk.longest_match() == single.longest_match()
+    assert bulk.longest_match() == reference.longest_match(bulk.tokens.tolist(), 1, 8)
+
+
+def test_continuation_and_min_ngram_override():
+    index = TokenIndex(min_ngram=1, max_ngram=4)
+    index.extend([9, 1, 2, 3, 9, 1, 2, 7, 1])
+    assert index.longest_match() == (1, 5)  # [1] most recently ended at 5
+    assert index.continuation(5, 10).tolist() == [2, 7, 1]
+    assert index.longest_match(min_ngram=2) == (0, -1)
+
+
+def test_memory_stays_under_64_bytes_per_token_on_random_tokens():
+    # Random tokens are the worst case: every gram is new.
+    index = TokenIndex(min_ngram=2, max_ngram=8)
+    index.extend(np.random.default_rng(2).integers(0, 50_000, 200_000))
+    assert index.nbytes / len(index) <= 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(min_ngram=0, max_ngram=3), ValueError, "min_ngram=0"),
+        (dict(min_ngram=4, max_ngram=3), ValueError, "max_ngram=3"),
+        (dict(min_ngram=1, max_ngram=17), ValueError, "max_ngram=17"),
+        (dict(min_ngram=1.5, max_ngram=3), TypeError, "1.5"),
+    ],
+)
+def test_bad_options_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TokenIndex(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "tokens, error, message",
+    [
+        ([[1, 2]], ValueError, "1-D"),
+        ([1.5, 2.0], TypeError, "float64"),
+        ([1, -3], ValueError, "-3"),
+        ([2**31], ValueError, str(2**31)),
+    ],
+)
+def test_bad_tokens_are_refused_and_leave_the_index_unchanged(tokens, error, message):
+    index = TokenIndex()
+    index.extend([1, 2, 3])
+    with pytest.raises(error, match=message):
+        index.extend(tokens)
+    assert index.tokens.tolist() == [1, 2, 3]
+
+
+def test_truncate_out_of_range_is_refused():
+    index = TokenIndex()
+    index.extend([1, 2])
+    with pytest.raises(ValueError, match="got 3"):
+        index.truncate(3)
+
+
+def test_version_bumps_on_every_mutation():
+    index = TokenIndex()
+    versions = [index.version]
+    for mutate in (lambda: index.extend([1, 2, 3]), lambda: index.truncate(1), index.clear):
+        mutate()
+        versions.append(index.version)
+    assert versions == sorted(set(versions))
