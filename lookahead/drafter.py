@@ -45,13 +45,24 @@ class DraftStats:
     """What a drafter proposed and what verification kept, over one generate call.
 
     A step is one verify forward pass; it produces `accepted` drafted tokens plus one
-    token of the model's own, so tokens = accepted + steps.
+    token of the model's own, so tokens = accepted + steps. Through transformers' loop a
+    step's acceptance is seen at the next step, so the last step counts 0 accepted.
     """
 
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    accepted_per_step: list[int] = field(default_factory=list, repr=False)
+    drafted_per_step: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.drafted_per_step)
+
+    @property
+    def drafted(self) -> int:
+        return sum(self.drafted_per_step)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_step)
 
     @property
     def tokens(self) -> int:
@@ -66,13 +77,24 @@ class DraftStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int = 0) -> None:
+        """Counts one verify step that checked `drafted` tokens and kept `accepted` of them."""
+        self.drafted_per_step.append(drafted)
+        self.accepted_per_step.append(0)
+        self.record_accepted(accepted)
+
+    def record_accepted(self, accepted: int) -> None:
+        """Sets how many drafted tokens the last step kept."""
+        drafted = self.drafted_per_step[-1]
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
-        self.steps += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.accepted_per_step.append(accepted)
+        self.accepted_per_step[-1] = accepted
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftStats(steps={self.steps}, drafted={self.drafted}, accepted={self.accepted}, "
+            f"tokens_per_step={self.tokens_per_step:.2f})"
+        )
 
 
 class LookupDrafter(TransformersAssistant):

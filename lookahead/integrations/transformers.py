@@ -50,7 +50,6 @@ class TransformersAssistant:
     _target_vocab_size: int | None = None
     _target_device: torch.device | None = None
     _indexed: int = 0  # tokens of the current request the drafter has seen
-    _last_draft_len: int = 0
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -102,7 +101,7 @@ class TransformersAssistant:
         else:
             verified = input_ids[0, self._indexed :]
             # The loop appended the accepted drafts plus one token of the model's own.
-            self.stats.record(self._last_draft_len, min(verified.shape[0] - 1, self._last_draft_len))
+            self.stats.record_accepted(min(verified.shape[0] - 1, self.stats.drafted_per_step[-1]))
             self.extend(verified)
         self._indexed = input_ids.shape[1]
 
@@ -113,7 +112,7 @@ class TransformersAssistant:
             # The sampling branch needs at least one candidate (an empty block breaks its
             # slicing); the last token is a free guess: a wrong one costs one verified position.
             token_ids = np.asarray([int(input_ids[0, -1])], dtype=np.int64)
-        self._last_draft_len = token_ids.shape[0]
+        self.stats.record(token_ids.shape[0])
 
         device = input_ids.device
         candidates = torch.tensor(token_ids.tolist(), dtype=input_ids.dtype, device=device)[None, :]

@@ -1,0 +1,108 @@
+"""Greedy output with the drafter == greedy output without it, token for token."""
+
+import random
+
+import pytest
+import torch
+
+from lookahead import LookupDrafter
+from tests.models import FAMILIES, VOCAB, stories_model, tiny_model
+
+CASES_PER_FAMILY = 34  # 6 families x 34 = 204 randomized cases, plus the trained model's
+
+
+def make_case(model, seed: int, vocab: int) -> dict:
+    """A randomized (prompt, options) case; a third of the prompts repeat the model's own output."""
+    rng = random.Random(seed)
+    kind = rng.choice(["random", "repeat", "self-repeat"])
+    prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 24))]
+    if kind == "repeat":
+        chunk = prompt[: rng.randint(2, 8)]
+        prompt = chunk * rng.randint(2, 5) + prompt
+    elif kind == "self-repeat":
+        # P + greedy(P) + P: after the second P the model tends to write greedy(P) again,
+        # so long drafts are accepted.
+        own = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)[0, len(prompt) :]
+        prompt = prompt + own.tolist() + prompt
+    options = dict(max_new_tokens=rng.randint(1, 48), do_sample=False)
+    if rng.random() < 0.4:
+        # An EOS the model really writes, so generation stops inside a block of drafts.
+        plain = model.generate(torch.tensor([prompt]), **options)[0, len(prompt) :].tolist()
+        options["eos_token_id"] = rng.choice(plain)
+    if rng.random() < 0.2:
+        options["repetition_penalty"] = 1.3
+    if rng.random() < 0.1:
+        options["bad_words_ids"] = [[rng.randrange(3, vocab)]]
+    drafter = dict(
+        num_draft_tokens=rng.choice([1, 3, 10, 16]),
+        min_ngram=rng.choice([1, 2]),
+        max_ngram=rng.choice([2, 4, 8]),
+    )
+    return dict(prompt=prompt, options=options, drafter=drafter, kind=kind)
+
+
+def assert_exact(model, case, drafter=None):
+    drafter = drafter or LookupDrafter(**case["drafter"])
+    input_ids = torch.tensor([case["prompt"]])
+    expected = model.generate(input_ids, **case["options"])
+    got = model.generate(input_ids, assistant_model=drafter, **case["options"])
+    assert got.tolist() == expected.tolist(), case
+    return drafter.stats
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seed", range(CASES_PER_FAMILY))
+def test_greedy_matches_plain_generate(family, seed):
+    model = tiny_model(family)
+    assert_exact(model, make_case(model, seed, VOCAB))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_greedy_matches_plain_generate_on_trained_model(seed):
+    model = stories_model()
+    assert_exact(model, make_case(model, 1000 + seed, model.config.vocab_size))
+
+
+def test_cases_exercise_long_accepted_drafts_and_eos_inside_a_draft():
+    # Guards the suite itself: the randomized cases must reach the paths that can go wrong.
+    longest_accept, accepted, eos_cases = 0, 0, 0
+    for family in ("qwen2", "gpt2"):
+        model = tiny_model(family)
+        for seed in range(CASES_PER_FAMILY):
+            case = make_case(model, seed, VOCAB)
+            stats = assert_exact(model, case)
+            longest_accept = max([longest_accept, *stats.accepted_per_step])
+            accepted += stats.accepted
+            eos_cases += "eos_token_id" in case["options"]
+    assert longest_accept >= 8
+    assert accepted >= 200
+    assert eos_cases >= 10
+
+
+def test_eos_inside_a_long_draft_ends_generation_there():
+    model = stories_model()
+    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:].tolist()
+    # The model rewrites the story; its 12th token is EOS now: the draft stops before it and
+    # the model itself writes it as the bonus token of a long accepted block.
+    options = dict(max_new_tokens=40, do_sample=False, eos_token_id=prompt[12])
+    case = dict(prompt=prompt + [1], options=options, drafter=dict(num_draft_tokens=16))
+    stats = assert_exact(model, case)
+    assert stats.drafted_per_step[0] >= 11  # the EOS sat inside the first draft
+
+
+def test_max_new_tokens_ending_mid_draft():
+    model = stories_model()
+    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=40, do_sample=False)[0, 1:].tolist()
+    for max_new_tokens in (1, 2, 5, 17):
+        case = dict(prompt=prompt + [1], options=dict(max_new_tokens=max_new_tokens, do_sample=False), drafter={})
+        assert_exact(model, case, LookupDrafter(num_draft_tokens=16))
+
+
+def test_a_drafter_is_reused_across_calls_and_resets_per_call():
+    model = stories_model()
+    drafter = LookupDrafter()
+    for seed in range(6):
+        case = make_case(model, 2000 + seed, model.config.vocab_size)
+        stats = assert_exact(model, case, drafter)
+        # each call starts from fresh stats; tokens never exceed what was generated
+        assert stats.tokens <= case["options"]["max_new_tokens"]
