@@ -1,5 +1,6 @@
 """`LookupDrafter`: drafts the continuation of the current suffix from an index over seen tokens."""
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -8,9 +9,10 @@ from lookahead.index import TokenIndex
 from lookahead.integrations.transformers import TransformersAssistant
 
 # Defaults measured with `lookahead replay` on ../shared/traces (README, "Choosing the defaults").
-DEFAULT_NUM_DRAFT_TOKENS = 10
+DEFAULT_NUM_DRAFT_TOKENS = 16
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
+DEFAULT_DRAFT_FACTOR = 3.0
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
@@ -112,6 +114,8 @@ class LookupDrafter(TransformersAssistant):
         num_draft_tokens: most tokens proposed per step.
         min_ngram: shortest suffix that may anchor a draft.
         max_ngram: longest suffix tried; longer matches are preferred.
+        draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m)
+            tokens: short matches predict little, and every drafted token costs verification.
         eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
             from the generation config).
 
@@ -128,11 +132,15 @@ class LookupDrafter(TransformersAssistant):
         num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
         min_ngram: int = DEFAULT_MIN_NGRAM,
         max_ngram: int = DEFAULT_MAX_NGRAM,
+        draft_factor: float = DEFAULT_DRAFT_FACTOR,
         eos_token_id: int | list[int] | None = None,
     ):
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
+        if not isinstance(draft_factor, (int, float)) or not draft_factor > 0:
+            raise ValueError(f"draft_factor must be a positive number, got {draft_factor!r}")
         self.num_draft_tokens = num_draft_tokens
+        self.draft_factor = float(draft_factor)
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
         self.eos_token_ids = _as_id_set(eos_token_id)
         self.stats = DraftStats()
@@ -166,6 +174,7 @@ class LookupDrafter(TransformersAssistant):
         match_len, end = self.index.longest_match()
         if match_len == 0:
             return EMPTY_DRAFT
+        limit = min(limit, math.ceil(self.draft_factor * match_len))
         token_ids = self.index.continuation(end, limit)
         token_ids = _cut_at_eos(token_ids, self.eos_token_ids)
         if token_ids.shape[0] == 0:

@@ -1,0 +1,81 @@
+"""`lookahead` command line: `replay` (model-free τ from traces) and `bench` (wall clock)."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lookahead import drafter as drafter_defaults
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lookahead", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    replay = commands.add_parser("replay", help="exact tokens per verify step of a drafter on recorded greedy outputs")
+    replay.add_argument("files", nargs="+", type=Path, help="trace files (JSON lines, see lookahead/replay.py)")
+    replay.add_argument("--drafter", choices=["lookahead", "hf"], default="lookahead")
+    replay.add_argument("--num-draft-tokens", type=int, default=drafter_defaults.DEFAULT_NUM_DRAFT_TOKENS)
+    replay.add_argument("--min-ngram", type=int, default=drafter_defaults.DEFAULT_MIN_NGRAM)
+    replay.add_argument("--max-ngram", type=int, default=drafter_defaults.DEFAULT_MAX_NGRAM)
+    replay.add_argument("--draft-factor", type=float, default=drafter_defaults.DEFAULT_DRAFT_FACTOR)
+    replay.add_argument("--hf-ngram", type=int, default=3, help="transformers' max_matching_ngram_size")
+    replay.add_argument("--limit", type=int, default=None, help="replay the first N requests of each file")
+    replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
+
+    from lookahead.bench import add_bench_arguments
+
+    add_bench_arguments(commands.add_parser("bench", help="end-to-end generate() wall clock, exactness checked"))
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "replay":
+            return run_replay(args)
+        from lookahead.bench import run_bench
+
+        return run_bench(args)
+    except ValueError as e:  # bad input: one clear line, no traceback
+        print(f"lookahead {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run_replay(args) -> int:
+    from lookahead import LookupDrafter
+    from lookahead.replay import load_trace, replay_hf, replay_lookahead, replay_recorded, result
+
+    if args.num_draft_tokens < 1:
+        raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
+    results = []
+    for path in args.files:
+        requests = load_trace(path)[: args.limit]
+        name = path.name
+        if args.drafter == "lookahead":
+            drafter = LookupDrafter(
+                num_draft_tokens=args.num_draft_tokens, min_ngram=args.min_ngram, max_ngram=args.max_ngram,
+                draft_factor=args.draft_factor,
+            )
+            label = f"lookahead k={args.num_draft_tokens} ngram={args.min_ngram}..{args.max_ngram} factor={args.draft_factor:g}"
+            counts = replay_lookahead(requests, drafter, progress=name)
+        else:
+            label = f"hf k={args.num_draft_tokens} ngram={args.hf_ngram}"
+            counts = replay_hf(requests, num_draft_tokens=args.num_draft_tokens, ngram=args.hf_ngram, progress=name)
+        results.append(result(name, label, counts))
+        recorded = replay_recorded(requests)
+        if recorded is not None:
+            results.append(result(name, "vllm-ngram (recorded)", recorded))
+    if args.json:
+        print(json.dumps({"results": [r.as_dict() for r in results]}))
+    else:
+        print(format_table(
+            ["file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us/step"],
+            [[r.file, r.drafter, f"{r.tau:.3f}", r.steps, r.tokens, r.drafted, r.accepted, f"{r.us_per_step:.1f}"] for r in results],
+        ))
+    return 0
+
+
+def format_table(header: list[str], rows: list[list]) -> str:
+    """A GitHub-markdown table (it reads well in a terminal too)."""
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    line = lambda row: "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |"  # noqa: E731
+    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]])

@@ -1,0 +1,176 @@
+"""Model-free replay of recorded greedy outputs: the exact tokens per verify step of a drafter.
+
+Under greedy verification a drafted token is kept iff it equals the recorded next token,
+so replaying a trace gives a drafter's exact τ without running the model.
+
+A trace file is JSON lines, each with `prompt_token_ids` and `generated_token_ids` (lists
+of ints); `acc_ngram.acc_len[i]` (optional) is a recorded reference: the tokens a verify
+step starting at output position i produced with vLLM's n-gram proposer.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from lookahead.drafter import LookupDrafter
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: np.ndarray  # (prompt_len,) int64
+    output: np.ndarray  # (output_len,) int64, the model's greedy output
+    recorded_acc_len: np.ndarray | None  # (output_len,) tokens per step from each position, or None
+
+
+@dataclass
+class ReplayResult:
+    file: str
+    drafter: str
+    tau: float  # mean tokens per verify step, bonus token included
+    steps: int
+    tokens: int
+    drafted: int
+    accepted: int
+    us_per_step: float  # drafting cost (extend + propose), microseconds per step
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_trace(path: str | Path) -> list[Request]:
+    """Reads and validates a trace file."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    requests = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise TraceError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            prompt = _token_list(row, "prompt_token_ids", where)
+            output = _token_list(row, "generated_token_ids", where)
+            acc = row.get("acc_ngram", {})
+            acc_len = acc.get("acc_len") if isinstance(acc, dict) else None
+            if acc_len is not None:
+                acc_len = np.asarray(acc_len, dtype=np.int64)
+                if acc_len.shape[0] < output.shape[0] or (acc_len[: output.shape[0]] < 1).any():
+                    acc_len = None  # not usable as a reference; the replay itself does not need it
+            requests.append(Request(prompt, output, acc_len))
+    if not requests:
+        raise TraceError(f"{path}: no requests (empty file)")
+    return requests
+
+
+def _token_list(row: dict, key: str, where: str) -> np.ndarray:
+    if key not in row:
+        raise TraceError(f"{where}: missing key {key!r}")
+    value = row[key]
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise TraceError(f"{where}: {key!r} must be a list of integer token ids")
+    if any(t < 0 for t in value):
+        raise TraceError(f"{where}: {key!r} holds a negative token id")
+    return np.asarray(value, dtype=np.int64)
+
+
+def replay_lookahead(requests, drafter: LookupDrafter, *, progress: str | None = None) -> dict:
+    """Replays `requests` in order through `drafter`; returns the summed counts and drafting time."""
+    steps = drafted = accepted = tokens = 0
+    seconds = 0.0
+    for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
+        output = request.output
+        start = time.perf_counter()
+        drafter.reset(request.prompt)
+        seconds += time.perf_counter() - start
+        pos = 0
+        while pos < output.shape[0]:
+            start = time.perf_counter()
+            draft = drafter.propose(output.shape[0] - pos - 1).token_ids
+            seconds += time.perf_counter() - start
+            n = draft.shape[0]
+            agree = draft == output[pos : pos + n]
+            kept = n if agree.all() else int(agree.argmin())
+            step = kept + 1  # the model's own token after the kept prefix
+            start = time.perf_counter()
+            drafter.extend(output[pos : pos + step])
+            seconds += time.perf_counter() - start
+            steps += 1
+            drafted += n
+            accepted += kept
+            tokens += step
+            pos += step
+    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
+
+
+def replay_hf(requests, *, num_draft_tokens: int, ngram: int, progress: str | None = None) -> dict:
+    """The same replay through transformers' PromptLookupCandidateGenerator, called as is."""
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    steps = drafted = accepted = tokens = 0
+    seconds = 0.0
+    for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
+        full = torch.from_numpy(np.concatenate([request.prompt, request.output]))[None]
+        prompt_len, output = request.prompt.shape[0], request.output
+        generator = PromptLookupCandidateGenerator(
+            num_output_tokens=num_draft_tokens, max_matching_ngram_size=ngram, max_length=full.shape[1]
+        )
+        pos = 0
+        while pos < output.shape[0]:
+            start = time.perf_counter()
+            candidates, _ = generator.get_candidates(full[:, : prompt_len + pos])
+            seconds += time.perf_counter() - start
+            draft = candidates[0, prompt_len + pos :].numpy()[: output.shape[0] - pos - 1]
+            n = draft.shape[0]
+            agree = draft == output[pos : pos + n]
+            kept = n if agree.all() else int(agree.argmin())
+            step = kept + 1
+            steps += 1
+            drafted += n
+            accepted += kept
+            tokens += step
+            pos += step
+    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
+
+
+def replay_recorded(requests) -> dict | None:
+    """Steps the recorded vLLM n-gram acceptance took; None if a request lacks it."""
+    steps = tokens = 0
+    for request in requests:
+        if request.recorded_acc_len is None:
+            return None
+        pos, n = 0, request.output.shape[0]
+        while pos < n:
+            step = min(int(request.recorded_acc_len[pos]), n - pos)
+            pos += step
+            steps += 1
+            tokens += step
+    return dict(steps=steps, drafted=0, accepted=tokens - steps, tokens=tokens, seconds=0.0)
+
+
+def result(file: str, drafter: str, counts: dict) -> ReplayResult:
+    steps = counts["steps"]
+    return ReplayResult(
+        file=file,
+        drafter=drafter,
+        tau=round(counts["tokens"] / steps, 4) if steps else 0.0,
+        steps=steps,
+        tokens=counts["tokens"],
+        drafted=counts["drafted"],
+        accepted=counts["accepted"],
+        us_per_step=round(counts["seconds"] / steps * 1e6, 2) if steps else 0.0,
+    )

@@ -1,0 +1,117 @@
+"""`lookahead replay` and `lookahead bench`: parsing, output formats, error paths."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lookahead import LookupDrafter
+from lookahead.cli import main
+from lookahead.replay import load_trace, replay_hf, replay_lookahead, replay_recorded
+from tests.models import SHARED
+
+
+def write_trace(tmp_path, rows, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+REPEATING = {"prompt_token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "generated_token_ids": [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]}
+
+
+def test_replay_counts_equal_a_hand_simulation(tmp_path):
+    requests = load_trace(write_trace(tmp_path, [REPEATING]))
+    counts = replay_lookahead(requests, LookupDrafter(num_draft_tokens=4, min_ngram=1, max_ngram=2, draft_factor=4))
+    # step 1: [8] never occurred before -> no draft, the model writes 9.
+    # step 2: [9] never occurred before -> no draft, the model writes 1.
+    # step 3: [9, 1] no, [1] yes -> draft [2, 3, 4, 5], all kept, + 6.
+    # step 4: [5, 6] -> draft [7, 8, 9, 1] (4 = the budget left minus one), all kept, + 2.
+    assert counts["tokens"] == 12
+    assert counts["steps"] == 4
+    assert counts["accepted"] == 8
+
+
+def test_replay_json_output_and_recorded_reference_row(tmp_path, capsys):
+    row = dict(REPEATING, acc_ngram={"acc_len": [1] * 12})
+    path = write_trace(tmp_path, [row, row])
+    assert main(["replay", str(path), "--json", "--num-draft-tokens", "4"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["drafter"] for r in results] == ["lookahead k=4 ngram=1..8 factor=3", "vllm-ngram (recorded)"]
+    assert set(results[0]) == {"file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us_per_step"}
+    assert results[1]["tau"] == 1.0
+    assert results[0]["tau"] > 1.0
+
+
+def test_replay_hf_drafter_runs_transformers_prompt_lookup(tmp_path, capsys):
+    path = write_trace(tmp_path, [REPEATING])
+    assert main(["replay", str(path), "--drafter", "hf", "--hf-ngram", "2", "--num-draft-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "hf k=4 ngram=2" in out
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([], "empty file"),
+        (["{not json"], "t.jsonl:1: not JSON"),
+        ([{"prompt_token_ids": [1]}], "t.jsonl:1: missing key 'generated_token_ids'"),
+        ([REPEATING, {"prompt_token_ids": [1, "a"], "generated_token_ids": [2]}], "t.jsonl:2: 'prompt_token_ids' must be a list of integer"),
+        ([{"prompt_token_ids": [1.5], "generated_token_ids": [2]}], "t.jsonl:1: 'prompt_token_ids' must be a list of integer"),
+        ([{"prompt_token_ids": [-1], "generated_token_ids": [2]}], "negative"),
+        (["[1, 2]"], "expected a JSON object"),
+    ],
+)
+def test_replay_bad_input_names_file_and_line(tmp_path, capsys, rows, message):
+    path = write_trace(tmp_path, rows) if rows else (tmp_path / "t.jsonl")
+    if not rows:
+        path.write_text("")
+    assert main(["replay", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replay_missing_file(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_replay_bad_option(tmp_path, capsys):
+    assert main(["replay", str(write_trace(tmp_path, [REPEATING])), "--num-draft-tokens", "0"]) == 2
+    assert "--num-draft-tokens" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (SHARED / "traces").is_dir(), reason="../shared/traces is absent")
+def test_replay_on_real_traces_beats_the_recorded_vllm_ngram_and_hf_is_reproduced():
+    requests = load_trace(SHARED / "traces" / "instructcoder.dev.jsonl")[:40]
+    ours = replay_lookahead(requests, LookupDrafter(num_draft_tokens=16))
+    hf = replay_hf(requests, num_draft_tokens=16, ngram=3)
+    vllm = replay_recorded(requests)
+    assert ours["tokens"] == hf["tokens"] == vllm["tokens"] == sum(r.output.shape[0] for r in requests)
+    assert ours["tokens"] / ours["steps"] > vllm["tokens"] / vllm["steps"]
+
+
+def test_bench_overhead_quick_json(capsys):
+    assert main(["bench", "--overhead", "--quick", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["overhead"]
+    ours = [r for r in rows if r["drafter"] == "lookahead"]
+    assert [r["context"] for r in ours] == [1000, 8000, 32000]
+    assert all(0 < r["bytes_per_token"] <= 64 for r in ours)
+
+
+def test_bench_refuses_prompts_without_model(tmp_path, capsys):
+    assert main(["bench", "--prompts", str(write_trace(tmp_path, [{"prompt": "hi"}]))]) == 2
+    assert "--prompts needs --model" in capsys.readouterr().err
+
+
+def test_bench_forced_model_is_exact_on_a_tiny_shape(monkeypatch, capsys):
+    # The full pipeline (workloads, tokenizer, forced random model, all methods) on a small shape.
+    from lookahead import bench
+
+    monkeypatch.setattr(bench, "DEFAULT_SHAPE", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    assert main(["bench", "--requests", "1", "--max-new-tokens", "40", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert {r["workload"] for r in rows} == {"code-edit", "summarize", "chat"}
+    assert all(r["exact"] for r in rows)
+    code = {r["method"]: r for r in rows if r["workload"] == "code-edit"}
+    assert code["greedy"]["tau"] == pytest.approx(41 / 41, rel=0.05)  # one token per forward (prefill included)
+    assert code["lookahead"]["tau"] > 2  # the edited file is mostly copied

@@ -1,0 +1,64 @@
+import numpy as np
+import pytest
+
+from lookahead import Draft, DraftStats, LookupDrafter
+
+
+def test_propose_copies_what_followed_the_longest_most_recent_match():
+    drafter = LookupDrafter(num_draft_tokens=4, min_ngram=1, max_ngram=4)
+    drafter.reset([7, 1, 2, 3, 8, 1, 2, 4, 9, 1, 2])
+    draft = drafter.propose()
+    assert draft.token_ids.tolist() == [4, 9, 1, 2]  # [1, 2] most recently followed by 4
+    assert draft.parents.tolist() == [-1, 0, 1, 2]
+    assert draft.match_len == 2
+    drafter.extend([3])  # the suffix [1, 2, 3] occurred at the start, followed by 8
+    assert drafter.propose().token_ids.tolist() == [8, 1, 2, 4]
+
+
+def test_propose_respects_max_tokens_and_returns_the_empty_draft_without_a_match():
+    drafter = LookupDrafter(num_draft_tokens=8)
+    drafter.reset([1, 2, 3, 1, 2])
+    assert len(drafter.propose()) == 3  # one token left to copy after [1, 2]
+    assert len(drafter.propose(max_tokens=1)) == 1
+    assert len(drafter.propose(max_tokens=0)) == 0
+    drafter.reset([1, 2, 3])
+    empty = drafter.propose()
+    assert len(empty) == 0 and empty.token_ids.dtype == np.int64
+
+
+def test_draft_length_scales_with_the_match_length():
+    drafter = LookupDrafter(num_draft_tokens=16, draft_factor=2)
+    drafter.reset([5, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 7])
+    assert drafter.propose().token_ids.tolist() == [8, 9]  # a 1-token match drafts 2
+    drafter.extend([8])
+    assert drafter.propose().token_ids.tolist() == [9, 10, 7, 8]  # a 2-token match drafts 4
+
+
+def test_drafts_stop_before_eos():
+    drafter = LookupDrafter(num_draft_tokens=8, eos_token_id=[9, 5])
+    drafter.reset([1, 2, 3, 4, 5, 6, 1, 2])
+    assert drafter.propose().token_ids.tolist() == [3, 4]
+
+
+def test_reset_forgets_the_previous_sequence_and_stats():
+    drafter = LookupDrafter()
+    drafter.reset([1, 2, 3, 1, 2])
+    drafter.stats.record(3, 2)
+    drafter.reset([4, 5])
+    assert drafter.stats.steps == 0
+    assert len(drafter.propose()) == 0
+
+
+def test_stats_arithmetic_and_bad_records():
+    stats = DraftStats()
+    stats.record(4, 4)
+    stats.record(4)
+    stats.record_accepted(1)
+    assert (stats.steps, stats.drafted, stats.accepted, stats.tokens) == (2, 8, 5, 7)
+    assert stats.tokens_per_step == 3.5
+    with pytest.raises(ValueError, match="drafted=4"):
+        stats.record_accepted(5)
+
+
+def test_draft_chain_parents():
+    assert Draft.chain(np.array([5, 6, 7])).parents.tolist() == [-1, 0, 1]

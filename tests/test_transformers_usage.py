@@ -1,0 +1,165 @@
+"""Streaming, logits processors, reuse and refused options through model.generate(assistant_model=...)."""
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TextStreamer
+from transformers.generation.streamers import BaseStreamer
+
+from lookahead import LookupDrafter, UnsupportedGenerationError
+from tests.models import STORIES, stories_model, tiny_model
+
+
+def story_prompt(model, length=40):
+    story = model.generate(torch.tensor([[1]]), max_new_tokens=length, do_sample=False)[0].tolist()
+    return torch.tensor([story + story[1:8]])
+
+
+class Collect(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.chunks.append("end")
+
+
+def test_streamer_receives_exactly_the_generated_tokens():
+    model = stories_model()
+    input_ids = story_prompt(model)
+    streamer = Collect()
+    drafter = LookupDrafter()
+    out = model.generate(input_ids, max_new_tokens=30, do_sample=False, assistant_model=drafter, streamer=streamer)
+    assert streamer.chunks[-1] == "end"
+    streamed = [t for chunk in streamer.chunks[1:-1] for t in chunk]  # chunk 0 is the prompt
+    assert streamed == out[0, input_ids.shape[1] :].tolist()
+    assert any(len(chunk) > 1 for chunk in streamer.chunks[1:-1]), "no multi-token block was streamed"
+
+
+def test_text_streamer_prints_the_decoded_text(capsys):
+    from transformers import AutoTokenizer
+
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    input_ids = story_prompt(model)
+    out = model.generate(
+        input_ids, max_new_tokens=20, do_sample=False, assistant_model=LookupDrafter(),
+        streamer=TextStreamer(tokenizer, skip_prompt=True),
+    )
+    printed = capsys.readouterr().out
+    assert printed.strip() == tokenizer.decode(out[0, input_ids.shape[1] :], skip_special_tokens=True).strip()
+
+
+class ForbidToken(LogitsProcessor):
+    def __init__(self, token_id):
+        self.token_id = token_id
+
+    def __call__(self, input_ids, scores):
+        scores[:, self.token_id] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(repetition_penalty=1.5),
+        dict(no_repeat_ngram_size=3),
+        dict(do_sample=False, top_k=5, top_p=0.5),  # warpers are ignored by greedy; must stay so
+    ],
+    ids=["repetition_penalty", "no_repeat_ngram", "top_k_top_p_flags"],
+)
+def test_logits_processors_keep_greedy_exact(options):
+    model = stories_model()
+    input_ids = story_prompt(model)
+    options = dict(max_new_tokens=40, do_sample=False) | options
+    assert model.generate(input_ids, assistant_model=LookupDrafter(), **options).tolist() == model.generate(input_ids, **options).tolist()
+
+
+def test_forbidden_token_processor_keeps_greedy_exact():
+    model = stories_model()
+    input_ids = story_prompt(model)
+    # forbid a token the drafts propose: the drafts are rejected there, the output stays exact
+    forbidden = int(input_ids[0, 5])
+    processors = LogitsProcessorList([ForbidToken(forbidden)])
+    options = dict(max_new_tokens=40, do_sample=False, logits_processor=processors)
+    expected = model.generate(input_ids, **options)
+    got = model.generate(input_ids, assistant_model=LookupDrafter(), **options)
+    assert got.tolist() == expected.tolist()
+    assert forbidden not in got[0, input_ids.shape[1] :].tolist()
+
+
+def test_sampling_with_top_k_and_top_p_runs_and_respects_top_k_1():
+    # top_k=1 makes sampling deterministic: it must equal greedy exactly.
+    model = stories_model()
+    input_ids = story_prompt(model)
+    greedy = model.generate(input_ids, max_new_tokens=30, do_sample=False)
+    sampled = model.generate(input_ids, max_new_tokens=30, do_sample=True, top_k=1, assistant_model=LookupDrafter())
+    assert sampled.tolist() == greedy.tolist()
+
+
+def test_stats_describe_the_call():
+    model = stories_model()
+    input_ids = story_prompt(model)
+    drafter = LookupDrafter()
+    out = model.generate(input_ids, max_new_tokens=30, do_sample=False, assistant_model=drafter)
+    stats = drafter.stats
+    generated = out.shape[1] - input_ids.shape[1]
+    assert stats.accepted > 0
+    assert stats.steps < generated
+    assert stats.tokens <= generated  # the last step's acceptance is unseen (counted 0)
+    assert stats.tokens_per_step > 1
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_beams=2), "beam_search"),
+        (dict(num_beams=2, do_sample=True), "beam_sample"),
+        (dict(cache_implementation="static"), "cache_implementation='static'"),
+    ],
+    ids=["beam_search", "beam_sample", "static_cache"],
+)
+def test_unsupported_options_are_refused_with_the_alternative(options, message):
+    model = tiny_model("llama")
+    with pytest.raises(UnsupportedGenerationError, match=message) as error:
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5, assistant_model=LookupDrafter(), **options)
+    assert "Call generate once per sequence" in str(error.value)
+
+
+def test_batch_size_above_one_is_refused():
+    model = tiny_model("llama")
+    input_ids = torch.tensor([[5, 6, 7], [7, 8, 9]])
+    with pytest.raises(UnsupportedGenerationError, match="batch has 2"):
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+def test_static_cache_object_is_refused():
+    from transformers import StaticCache
+
+    model = tiny_model("llama")
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with pytest.raises(UnsupportedGenerationError, match="StaticCache"):
+        model.generate(torch.tensor([[5, 6, 7]]), cache=cache, max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+def test_encoder_decoder_is_refused():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, decoder_start_token_id=0)).eval()
+    with pytest.raises(UnsupportedGenerationError, match="encoder-decoder"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(num_draft_tokens=0), ValueError, "num_draft_tokens"),
+        (dict(min_ngram=3, max_ngram=2), ValueError, "min_ngram=3"),
+        (dict(eos_token_id="x"), TypeError, "eos_token_id"),
+        (dict(draft_factor=0), ValueError, "draft_factor"),
+    ],
+)
+def test_bad_drafter_options_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        LookupDrafter(**kwargs)
