@@ -101,18 +101,12 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, progress: str | None =
             start = time.perf_counter()
             draft = drafter.propose(output.shape[0] - pos - 1).token_ids
             seconds += time.perf_counter() - start
-            n = draft.shape[0]
-            agree = draft == output[pos : pos + n]
-            kept = n if agree.all() else int(agree.argmin())
+            kept = _kept(draft, output, pos)
             step = kept + 1  # the model's own token after the kept prefix
             start = time.perf_counter()
             drafter.extend(output[pos : pos + step])
             seconds += time.perf_counter() - start
-            steps += 1
-            drafted += n
-            accepted += kept
-            tokens += step
-            pos += step
+            steps, drafted, accepted, tokens, pos = steps + 1, drafted + draft.shape[0], accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
 
 
@@ -135,16 +129,16 @@ def replay_hf(requests, *, num_draft_tokens: int, ngram: int, progress: str | No
             candidates, _ = generator.get_candidates(full[:, : prompt_len + pos])
             seconds += time.perf_counter() - start
             draft = candidates[0, prompt_len + pos :].numpy()[: output.shape[0] - pos - 1]
-            n = draft.shape[0]
-            agree = draft == output[pos : pos + n]
-            kept = n if agree.all() else int(agree.argmin())
+            kept = _kept(draft, output, pos)
             step = kept + 1
-            steps += 1
-            drafted += n
-            accepted += kept
-            tokens += step
-            pos += step
+            steps, drafted, accepted, tokens, pos = steps + 1, drafted + draft.shape[0], accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
+
+
+def _kept(draft: np.ndarray, output: np.ndarray, pos: int) -> int:
+    """Drafted tokens greedy verification keeps: the longest prefix equal to output[pos:]."""
+    agree = draft == output[pos : pos + draft.shape[0]]
+    return draft.shape[0] if agree.all() else int(agree.argmin())
 
 
 def replay_recorded(requests) -> dict | None:

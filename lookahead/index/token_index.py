@@ -24,11 +24,11 @@ class TokenIndex:
     gram); O(max_ngram²) per query. Neither grows with the sequence length.
     Memory: 4 bytes per token plus 4 bytes per table slot; one slot per distinct
     (gram, length) pair, at most `max_ngram - min_ngram + 1` per token. The table keeps
-    at most 80% of its slots used and grows by 1.5x, and the token buffer grows by 1.5x,
-    so for max_ngram <= 8 and min_ngram >= 2 the index never exceeds
-    7 * 4 * 1.5 / 0.8 + 4 * 1.5 = 58.5 bytes per token once past its minimum size (about
-    1,000 tokens); on real text, where grams repeat, it is typically 15-30
-    (`lookahead bench --overhead` measures it).
+    at most 80% of its slots used and grows by 1.5x, as does the token buffer, so the worst
+    case (every gram new) is 4 * 1.875 * (max_ngram - min_ngram + 1) + 6 bytes per token:
+    58.5 for lengths 2..8. Length-1 grams are bounded by the vocabulary in use, so with
+    lengths 1..8 real text stays under 64 too: 43-49 bytes per token on BPE-tokenized code
+    from 1k to 1M tokens (`lookahead bench --overhead`).
 
     Rolling back (`truncate`) rebuilds the table from the kept tokens, O(kept * max_ngram):
     the drafters never need it, since they index verified tokens only.
