@@ -1,9 +1,21 @@
 """lookahead: training-free drafting that makes language models generate faster, output unchanged."""
 
+from lookahead.documents import DocumentLibrary
 from lookahead.drafter import Draft, DraftStats, LookupDrafter
 from lookahead.index import TokenIndex
 from lookahead.integrations.transformers import UnsupportedGenerationError
+from lookahead.store import StoreFileError, TokenStore
 
 __version__ = "0.1.0"
 
-__all__ = ["Draft", "DraftStats", "LookupDrafter", "TokenIndex", "UnsupportedGenerationError", "__version__"]
+__all__ = [
+    "DocumentLibrary",
+    "Draft",
+    "DraftStats",
+    "LookupDrafter",
+    "StoreFileError",
+    "TokenIndex",
+    "TokenStore",
+    "UnsupportedGenerationError",
+    "__version__",
+]

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--min-ngram", type=int, default=drafter_defaults.DEFAULT_MIN_NGRAM)
     replay.add_argument("--max-ngram", type=int, default=drafter_defaults.DEFAULT_MAX_NGRAM)
     replay.add_argument("--draft-factor", type=float, default=drafter_defaults.DEFAULT_DRAFT_FACTOR)
+    replay.add_argument("--no-memory", action="store_true", help="no cross-request memory (default: earlier requests of the run)")
+    replay.add_argument("--tree", action="store_true", help="draft trees; a step keeps the longest root path the trace follows")
+    replay.add_argument("--max-nodes", type=int, default=64, help="tree size limit with --tree")
     replay.add_argument("--hf-ngram", type=int, default=3, help="transformers' max_matching_ngram_size")
     replay.add_argument("--limit", type=int, default=None, help="replay the first N requests of each file")
     replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
@@ -45,6 +48,8 @@ def run_replay(args) -> int:
 
     if args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
+    if args.max_nodes < 1:
+        raise ValueError(f"--max-nodes must be >= 1, got {args.max_nodes}")
     results = []
     for path in args.files:
         requests = load_trace(path)[: args.limit]
@@ -52,10 +57,11 @@ def run_replay(args) -> int:
         if args.drafter == "lookahead":
             drafter = LookupDrafter(
                 num_draft_tokens=args.num_draft_tokens, min_ngram=args.min_ngram, max_ngram=args.max_ngram,
-                draft_factor=args.draft_factor,
+                draft_factor=args.draft_factor, memory=not args.no_memory,
             )
             label = f"lookahead k={args.num_draft_tokens} ngram={args.min_ngram}..{args.max_ngram} factor={args.draft_factor:g}"
-            counts = replay_lookahead(requests, drafter, progress=name)
+            label += " no-memory" * args.no_memory + f" tree<={args.max_nodes}" * args.tree
+            counts = replay_lookahead(requests, drafter, tree=args.tree, max_nodes=args.max_nodes, progress=name)
         else:
             label = f"hf k={args.num_draft_tokens} ngram={args.hf_ngram}"
             counts = replay_hf(requests, num_draft_tokens=args.num_draft_tokens, ngram=args.hf_ngram, progress=name)

@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lookahead.documents import DocumentLibrary
 from lookahead.index import TokenIndex
+from lookahead.store import TokenStore
 from lookahead.integrations.transformers import TransformersAssistant
 
 # Defaults measured with `lookahead replay` on ../shared/traces (README, "Choosing the defaults").
@@ -13,6 +15,7 @@ DEFAULT_NUM_DRAFT_TOKENS = 16
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_DRAFT_FACTOR = 3.0
+DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
@@ -100,22 +103,32 @@ class DraftStats:
 
 
 class LookupDrafter(TransformersAssistant):
-    """Drafts what followed the current suffix the last time it occurred in the sequence.
+    """Drafts what followed the current suffix the last time it occurred.
 
     Pass it to transformers as `model.generate(**inputs, assistant_model=LookupDrafter())`:
     outputs are token for token those of `model.generate(**inputs)` (greedy) or sampled
     from the same distribution (`do_sample=True`). It indexes the prompt and every
-    verified token, never rejected drafts.
+    verified token, never rejected drafts; it can also copy from reference documents
+    (`add_document`) and from what earlier requests wrote (`memory`).
 
     Lifecycle (what a verification loop calls): `reset(prompt_ids)`, then per step
-    `propose(max_tokens)` and `extend(verified_ids)`; `stats` describes the call.
+    `propose(max_tokens)` (or `propose_tree`) and `extend(verified_ids)`; `stats`
+    describes the current request.
 
     Args:
-        num_draft_tokens: most tokens proposed per step.
+        num_draft_tokens: most tokens proposed per step (per branch, for trees).
         min_ngram: shortest suffix that may anchor a draft.
         max_ngram: longest suffix tried; longer matches are preferred.
         draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m)
             tokens: short matches predict little, and every drafted token costs verification.
+        memory: what earlier requests wrote: True (default) for a private TokenStore of
+            DEFAULT_MEMORY_TOKENS tokens, a TokenStore to share one between drafters (and
+            threads), False for none. Each request's prompt and output are added to it when
+            the next request starts; its drafts are used only where the request's own
+            context matches a shorter suffix.
+        documents: a DocumentLibrary of reference documents (an empty private one if not
+            given; see add_document). Each request consults those sharing text with its
+            prompt. Preferred over memory, after the request's own context.
         eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
             from the generation config).
 
@@ -133,15 +146,30 @@ class LookupDrafter(TransformersAssistant):
         min_ngram: int = DEFAULT_MIN_NGRAM,
         max_ngram: int = DEFAULT_MAX_NGRAM,
         draft_factor: float = DEFAULT_DRAFT_FACTOR,
+        memory: TokenStore | bool = True,
+        documents: DocumentLibrary | None = None,
         eos_token_id: int | list[int] | None = None,
     ):
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
         if not isinstance(draft_factor, (int, float)) or not draft_factor > 0:
             raise ValueError(f"draft_factor must be a positive number, got {draft_factor!r}")
+        if memory is True:
+            memory = TokenStore(max_tokens=DEFAULT_MEMORY_TOKENS, min_ngram=min_ngram, max_ngram=max_ngram)
+        elif memory is False:
+            memory = None  # (not `memory or None`: an empty store is falsy)
+        if memory is not None and not isinstance(memory, TokenStore):
+            raise TypeError(f"memory must be a lookahead.TokenStore or a bool, got {type(memory).__name__}")
+        if documents is not None and not isinstance(documents, DocumentLibrary):
+            raise TypeError(f"documents must be a lookahead.DocumentLibrary, got {type(documents).__name__}")
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
+        self.tree_width = 8  # occurrences of the matched suffix a tree branches to
+        self.tree_walk = 64  # occurrences examined to find them
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
+        self.memory = memory
+        self.documents = documents if documents is not None else DocumentLibrary()
+        self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self.eos_token_ids = _as_id_set(eos_token_id)
         self.stats = DraftStats()
 
@@ -153,10 +181,29 @@ class LookupDrafter(TransformersAssistant):
     def max_ngram(self) -> int:
         return self.index.max_ngram
 
+    def add_document(self, token_ids=None, *, text: str | None = None, tokenizer=None) -> None:
+        """Makes a reference document available to drafts: token ids, or text with its tokenizer.
+
+        Raises:
+            ValueError: neither or both of token_ids and text, or text without a tokenizer.
+        """
+        if (token_ids is None) == (text is None):
+            raise ValueError("add_document takes token_ids or text (with tokenizer=), exactly one")
+        if text is not None:
+            if tokenizer is None:
+                raise ValueError("add_document(text=...) needs tokenizer= to turn the text into token ids")
+            token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.documents.add(token_ids)
+        if len(self.index):  # mid-request: let the current request see it too
+            self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+
     def reset(self, prompt_ids=()) -> None:
-        """Starts a new sequence: forgets the old one and its stats, indexes `prompt_ids`."""
+        """Starts a new request: files the old one into memory, forgets it and its stats, indexes `prompt_ids`."""
+        if self.memory is not None and len(self.index):
+            self.memory.add(self.index.tokens)
         self.index.clear()
         self.index.extend(prompt_ids)
+        self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
         self.stats = DraftStats()
 
     def extend(self, token_ids) -> None:
@@ -164,22 +211,91 @@ class LookupDrafter(TransformersAssistant):
         self.index.extend(token_ids)
 
     def propose(self, max_tokens: int | None = None) -> Draft:
-        """Drafts up to `max_tokens` (default num_draft_tokens) tokens to follow the sequence.
+        """Drafts a chain of up to `max_tokens` (default num_draft_tokens) tokens.
 
-        Cost: one index query plus a copy of the draft; independent of the sequence length.
+        The anchor is the longest matching suffix: in the request's own context, else in
+        the documents, else in memory (ties go to that order).
+        Cost: one index query per source plus a copy of the draft; independent of lengths.
         """
-        limit = self.num_draft_tokens if max_tokens is None else min(max_tokens, self.num_draft_tokens)
-        if limit <= 0:
+        limit = self._limit(max_tokens)
+        if limit == 0:
             return EMPTY_DRAFT
         match_len, end = self.index.longest_match()
+        token_ids = None
+        if match_len < self.max_ngram:  # else no store can match longer
+            for store in self._stores():
+                if store is not None and len(store):
+                    store_len, store_ids = store.propose(self._recent(), limit)
+                    if store_len > match_len and store_ids.shape[0]:
+                        match_len, token_ids = store_len, store_ids
         if match_len == 0:
             return EMPTY_DRAFT
         limit = min(limit, math.ceil(self.draft_factor * match_len))
-        token_ids = self.index.continuation(end, limit)
+        token_ids = self.index.continuation(end, limit) if token_ids is None else token_ids[:limit]
         token_ids = _cut_at_eos(token_ids, self.eos_token_ids)
         if token_ids.shape[0] == 0:
             return EMPTY_DRAFT
         return Draft.chain(token_ids, match_len)
+
+    def propose_tree(self, max_tokens: int | None = None, *, max_nodes: int = 64) -> Draft:
+        """Drafts a tree: the chain of `propose` plus the continuations of other anchors.
+
+        Other anchors are the most recent occurrences of each shorter matching suffix (often
+        elsewhere in the context) and the stores' best matches. Branches are merged where
+        they agree; at most `max_nodes` nodes; parents precede children. The first
+        root-to-leaf path is `propose`'s chain.
+        """
+        limit = self._limit(max_tokens)
+        chain = self.propose(max_tokens)
+        if limit == 0 or len(chain) == 0:
+            return chain
+        branches = [chain.token_ids]
+        anchors = [(int(end), int(length)) for end, length in self.index.occurrences(self.tree_width, self.tree_walk)]
+        ends = self.index.match_ends()  # shorter suffixes' most recent occurrences may lie elsewhere
+        anchors += [(int(ends[g]), g) for g in range(self.max_ngram, self.min_ngram - 1, -1) if ends[g] >= 0]
+        seen = set()
+        for end, length in anchors:
+            if end in seen:
+                continue
+            seen.add(end)
+            depth = min(limit, math.ceil(self.draft_factor * length))
+            branches.append(_cut_at_eos(self.index.continuation(end, depth), self.eos_token_ids))
+        for store in self._stores():
+            if store is not None and len(store):
+                length, ids = store.propose(self._recent(), limit)
+                if length:
+                    depth = min(limit, math.ceil(self.draft_factor * length))
+                    branches.append(_cut_at_eos(ids[:depth], self.eos_token_ids))
+        return _merge_branches(branches, max_nodes, chain.match_len)
+
+    def _recent(self) -> np.ndarray:
+        # The last max_ngram tokens, int64: the query a store matches.
+        return self.index.tokens[-self.max_ngram :].astype(np.int64)
+
+    def _limit(self, max_tokens: int | None) -> int:
+        return max(0, self.num_draft_tokens if max_tokens is None else min(max_tokens, self.num_draft_tokens))
+
+    def _stores(self):
+        return (self._document_store, self.memory)
+
+
+def _merge_branches(branches: list[np.ndarray], max_nodes: int, match_len: int) -> Draft:
+    """A trie of token paths, filled in priority order until max_nodes; parents precede children."""
+    tokens, parents = [], []
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for branch in branches:
+        node = -1
+        for token in branch.tolist():
+            child = children.get((node, token))
+            if child is None:
+                if len(tokens) == max_nodes:
+                    break
+                child = len(tokens)
+                children[(node, token)] = child
+                tokens.append(token)
+                parents.append(node)
+            node = child
+    return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), match_len)
 
 
 def _as_id_set(token_id) -> frozenset[int]:

@@ -87,8 +87,12 @@ def _token_list(row: dict, key: str, where: str) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
 
 
-def replay_lookahead(requests, drafter: LookupDrafter, *, progress: str | None = None) -> dict:
-    """Replays `requests` in order through `drafter`; returns the summed counts and drafting time."""
+def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_nodes: int = 64, progress: str | None = None) -> dict:
+    """Replays `requests` in order through `drafter`; returns the summed counts and drafting time.
+
+    With `tree`, each step drafts a tree (at most max_nodes tokens) and keeps the longest
+    root path that the recorded output follows.
+    """
     steps = drafted = accepted = tokens = 0
     seconds = 0.0
     for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
@@ -99,14 +103,15 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, progress: str | None =
         pos = 0
         while pos < output.shape[0]:
             start = time.perf_counter()
-            draft = drafter.propose(output.shape[0] - pos - 1).token_ids
+            budget = output.shape[0] - pos - 1
+            draft = drafter.propose_tree(budget, max_nodes=max_nodes) if tree else drafter.propose(budget)
             seconds += time.perf_counter() - start
-            kept = _kept(draft, output, pos)
+            kept = _kept_on_tree(draft, output, pos) if tree else _kept(draft.token_ids, output, pos)
             step = kept + 1  # the model's own token after the kept prefix
             start = time.perf_counter()
             drafter.extend(output[pos : pos + step])
             seconds += time.perf_counter() - start
-            steps, drafted, accepted, tokens, pos = steps + 1, drafted + draft.shape[0], accepted + kept, tokens + step, pos + step
+            steps, drafted, accepted, tokens, pos = steps + 1, drafted + len(draft), accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
 
 
@@ -139,6 +144,19 @@ def _kept(draft: np.ndarray, output: np.ndarray, pos: int) -> int:
     """Drafted tokens greedy verification keeps: the longest prefix equal to output[pos:]."""
     agree = draft == output[pos : pos + draft.shape[0]]
     return draft.shape[0] if agree.all() else int(agree.argmin())
+
+
+def _kept_on_tree(draft, output: np.ndarray, pos: int) -> int:
+    """Length of the longest root path of the draft tree that output[pos:] follows."""
+    node, kept = -1, 0
+    tokens, parents = draft.token_ids.tolist(), draft.parents.tolist()
+    while pos + kept < output.shape[0]:
+        want = int(output[pos + kept])
+        child = next((i for i in range(len(tokens)) if parents[i] == node and tokens[i] == want), None)
+        if child is None:
+            break
+        node, kept = child, kept + 1
+    return kept
 
 
 def replay_recorded(requests) -> dict | None:

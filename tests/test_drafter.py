@@ -16,7 +16,7 @@ def test_propose_copies_what_followed_the_longest_most_recent_match():
 
 
 def test_propose_respects_max_tokens_and_returns_the_empty_draft_without_a_match():
-    drafter = LookupDrafter(num_draft_tokens=8)
+    drafter = LookupDrafter(num_draft_tokens=8, memory=False)
     drafter.reset([1, 2, 3, 1, 2])
     assert len(drafter.propose()) == 3  # one token left to copy after [1, 2]
     assert len(drafter.propose(max_tokens=1)) == 1
@@ -41,7 +41,7 @@ def test_drafts_stop_before_eos():
 
 
 def test_reset_forgets_the_previous_sequence_and_stats():
-    drafter = LookupDrafter()
+    drafter = LookupDrafter(memory=False)
     drafter.reset([1, 2, 3, 1, 2])
     drafter.stats.record(3, 2)
     drafter.reset([4, 5])
@@ -62,3 +62,27 @@ def test_stats_arithmetic_and_bad_records():
 
 def test_draft_chain_parents():
     assert Draft.chain(np.array([5, 6, 7])).parents.tolist() == [-1, 0, 1]
+
+
+def test_tree_starts_with_the_chain_and_branches_to_other_occurrences():
+    drafter = LookupDrafter(num_draft_tokens=4, draft_factor=4, memory=False)
+    drafter.reset([5, 1, 2, 6, 7, 1, 2, 8, 9, 1, 2])
+    chain = drafter.propose()
+    tree = drafter.propose_tree()
+    assert tree.token_ids[: len(chain)].tolist() == chain.token_ids.tolist() == [8, 9, 1, 2]
+    assert tree.parents[: len(chain)].tolist() == [-1, 0, 1, 2]
+    # other occurrences of [1, 2] continue with 6 and with 8: both are children of the root
+    roots = sorted(tree.token_ids[tree.parents == -1].tolist())
+    assert roots == [6, 8]
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))
+
+
+def test_tree_respects_max_nodes_and_keeps_siblings_distinct():
+    rng = np.random.default_rng(0)
+    drafter = LookupDrafter(memory=False)
+    drafter.reset(rng.integers(0, 4, 500))
+    for max_nodes in (1, 5, 64):
+        tree = drafter.propose_tree(max_nodes=max_nodes)
+        assert 1 <= len(tree) <= max_nodes
+        pairs = list(zip(tree.parents.tolist(), tree.token_ids.tolist()))
+        assert len(pairs) == len(set(pairs))

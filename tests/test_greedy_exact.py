@@ -37,6 +37,7 @@ def make_case(model, seed: int, vocab: int) -> dict:
         num_draft_tokens=rng.choice([1, 3, 10, 16]),
         min_ngram=rng.choice([1, 2]),
         max_ngram=rng.choice([2, 4, 8]),
+        draft_factor=rng.choice([1, 3, 16]),
     )
     return dict(prompt=prompt, options=options, drafter=drafter, kind=kind)
 

@@ -10,7 +10,7 @@ from tests import reference
 
 def test_warm_up_compiles_every_kernel():
     assert kernels.warm_up() == 3  # the suffix [3, 1, 4] occurred at the start
-    for kernel in (kernels.index_ends, kernels.rehash, kernels.longest_match):
+    for kernel in (kernels.index_ends, kernels.rehash, kernels.match_ends):
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
 
 
@@ -46,6 +46,10 @@ def test_longest_match_equals_brute_force(ops, min_ngram, extra):
             del seq[keep:]
         assert index.tokens.tolist() == seq
         assert index.longest_match() == reference.longest_match(seq, min_ngram, max_ngram)
+        ends = index.match_ends()
+        for g in range(min_ngram, max_ngram + 1):
+            expected = reference.longest_match(seq, g, g)
+            assert ends[g] == (expected[1] if expected[0] else -1)
 
 
 def test_long_random_stream_matches_brute_force_at_every_step():
@@ -78,7 +82,17 @@ def test_continuation_and_min_ngram_override():
     index.extend([9, 1, 2, 3, 9, 1, 2, 7, 1])
     assert index.longest_match() == (1, 5)  # [1] most recently ended at 5
     assert index.continuation(5, 10).tolist() == [2, 7, 1]
-    assert index.longest_match(min_ngram=2) == (0, -1)
+    assert index.match_ends().tolist() == [-1, 5, -1, -1, -1]
+
+
+def test_external_query_finds_any_occurrence():
+    index = TokenIndex(min_ngram=1, max_ngram=3)
+    index.extend([4, 5, 6, 7, 9])
+    assert index.longest_match([1, 5, 6]) == (2, 2)  # [5, 6] ends at 2
+    # Grams ending at the index's last position are not searchable (stores end each
+    # sequence with a separator for this reason).
+    assert index.longest_match([7, 9]) == (0, -1)
+    assert index.longest_match([2, 6, 7]) == (2, 3)
 
 
 def test_memory_stays_under_64_bytes_per_token_on_random_tokens():

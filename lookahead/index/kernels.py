@@ -43,49 +43,56 @@ def _slot_of(h, ngram, cap):
     return np.int64(((h >> np.uint64(32)) * np.uint64(cap)) >> np.uint64(32))
 
 
-@njit(cache=True, inline="always")
-def _same_gram(tokens, end_a, end_b, ngram):
-    for i in range(ngram):
-        if tokens[end_a - i] != tokens[end_b - i]:
-            return False
-    return True
-
-
 @njit(cache=True)
 def _insert(tokens, table, end, ngram, h):
-    """Records that the `ngram`-gram ending at `end` occurred there. Returns 1 if a new slot was used."""
+    """Records that the `ngram`-gram ending at `end` occurred there.
+
+    Returns the end it held before (its previous occurrence), or -1 if the gram is new.
+    """
     cap = table.shape[0]
     slot = _slot_of(h, ngram, cap)
     while True:
         value = table[slot]
         if value == EMPTY:
             table[slot] = (end << NGRAM_BITS) | (ngram - 1)
-            return 1
+            return -1
         if (value & (MAX_NGRAM - 1)) + 1 == ngram:
             other = value >> NGRAM_BITS
-            if _same_gram(tokens, other, end, ngram):
+            same = True
+            for i in range(ngram):
+                if tokens[other - i] != tokens[end - i]:
+                    same = False
+                    break
+            if same:
                 if end > other:  # keep the most recent occurrence
                     table[slot] = (end << NGRAM_BITS) | (ngram - 1)
-                return 0
+                return other
         slot += 1
         if slot == cap:
             slot = 0
 
 
 @njit(cache=True)
-def index_ends(tokens, table, start, stop, min_ngram, max_ngram):
+def index_ends(tokens, prev, table, start, stop, min_ngram, max_ngram):
     """Inserts every gram ending at positions start..stop-1. Returns the number of new slots.
 
+    Also links occurrences of the shortest grams: prev[end] = the previous end of the
+    min_ngram-gram ending at `end` (-1 if none).
     Cost: O((stop - start) * max_ngram) hashing plus one probe sequence per gram.
     """
     added = 0
     for end in range(start, stop):
+        prev[end] = -1
         h = _FNV_OFFSET
         longest = min(max_ngram, end + 1)
         for ngram in range(1, longest + 1):
             h = _mix(h, tokens[end - ngram + 1])
             if ngram >= min_ngram:
-                added += _insert(tokens, table, end, ngram, h)
+                before = _insert(tokens, table, end, ngram, h)
+                if before < 0:
+                    added += 1
+                if ngram == min_ngram:
+                    prev[end] = before
     return added
 
 
@@ -102,13 +109,14 @@ def rehash(tokens, old_table, new_table):
         h = _FNV_OFFSET
         for i in range(ngram):
             h = _mix(h, tokens[end - i])
-        moved += _insert(tokens, new_table, end, ngram, h)
+        _insert(tokens, new_table, end, ngram, h)
+        moved += 1
     return moved
 
 
 @njit(cache=True)
-def _find(tokens, table, query_end, ngram, h):
-    # Most recent earlier end position of the ngram-gram ending at query_end, or -1.
+def _find(tokens, table, query, query_end, ngram, h):
+    # Most recent end position in `tokens` of the ngram-gram query[query_end - ngram + 1 : query_end + 1], or -1.
     cap = table.shape[0]
     slot = _slot_of(h, ngram, cap)
     while True:
@@ -117,7 +125,12 @@ def _find(tokens, table, query_end, ngram, h):
             return -1
         if (value & (MAX_NGRAM - 1)) + 1 == ngram:
             other = value >> NGRAM_BITS
-            if _same_gram(tokens, other, query_end, ngram):
+            same = True
+            for i in range(ngram):
+                if tokens[other - i] != query[query_end - i]:
+                    same = False
+                    break
+            if same:
                 return other
         slot += 1
         if slot == cap:
@@ -125,29 +138,76 @@ def _find(tokens, table, query_end, ngram, h):
 
 
 @njit(cache=True)
-def longest_match(tokens, table, n, min_ngram, max_ngram, out):
-    """Longest suffix of tokens[:n] (min_ngram..max_ngram long) that occurred earlier.
+def match_ends(tokens, table, query, query_len, min_ngram, max_ngram, ends):
+    """For each length g, the most recent end in `tokens` of the g-token suffix of query[:query_len].
 
-    Writes out[0] = its length (0 if none) and out[1] = the end position of its most
-    recent earlier occurrence (-1 if none). Returns the length.
+    Writes ends[g] (-1 where that suffix does not occur; lengths outside min_ngram..max_ngram
+    are -1 too) and returns the longest length found (0 if none). `ends` has max_ngram + 1
+    entries. For the index's own sequence pass query=tokens, query_len=n: grams ending at
+    n - 1 are not in the table, so every occurrence found is an earlier one.
     Cost: O(max_ngram) probe sequences of O(max_ngram) comparisons; independent of n.
     """
-    out[0] = 0
-    out[1] = -1
-    query_end = n - 1
+    for g in range(ends.shape[0]):
+        ends[g] = -1
+    query_end = query_len - 1
     h = _FNV_OFFSET
-    # An earlier occurrence of a g-gram ends at <= n - 2, so g <= n - 1.
-    longest = min(max_ngram, n - 1)
-    for ngram in range(1, longest + 1):
-        h = _mix(h, tokens[query_end - ngram + 1])
+    longest = 0
+    for ngram in range(1, min(max_ngram, query_len) + 1):
+        h = _mix(h, query[query_end - ngram + 1])
         if ngram < min_ngram:
             continue
-        end = _find(tokens, table, query_end, ngram, h)
+        end = _find(tokens, table, query, query_end, ngram, h)
         if end < 0:
             break  # a longer suffix contains this one, so it cannot occur either
-        out[0] = ngram
-        out[1] = end
-    return out[0]
+        ends[ngram] = end
+        longest = ngram
+    return longest
+
+
+@njit(cache=True)
+def best_occurrences(tokens, prev, query, query_len, first_end, max_ngram, max_walk, out):
+    """The earlier occurrences of the query's last tokens with the longest matches.
+
+    Walks the prev chain from `first_end` (the most recent occurrence of the shortest
+    indexed suffix) over at most `max_walk` occurrences; for each, counts how many
+    trailing tokens agree with the query (up to max_ngram). Writes the best out.shape[0]
+    as rows (end, match length), longest first, most recent first among equals; unused
+    rows hold (-1, 0). Returns the number of rows written. Cost: O(max_walk * max_ngram).
+    """
+    rows = out.shape[0]
+    for r in range(rows):
+        out[r, 0] = -1
+        out[r, 1] = 0
+    found = 0
+    end = first_end
+    walked = 0
+    while end >= 0 and walked < max_walk:
+        length = 0
+        while length < max_ngram and length <= end and length < query_len and tokens[end - length] == query[query_len - 1 - length]:
+            length += 1
+        # insertion into the sorted rows: longer first; on ties the earlier-walked (more recent) stays ahead
+        r = min(found, rows)
+        while r > 0 and out[r - 1, 1] < length:
+            r -= 1
+        if r < rows:
+            for k in range(min(found, rows - 1), r, -1):
+                out[k, 0] = out[k - 1, 0]
+                out[k, 1] = out[k - 1, 1]
+            out[r, 0] = end
+            out[r, 1] = length
+            found = min(found + 1, rows)
+        end = prev[end]
+        walked += 1
+    return found
+
+
+@njit(cache=True)
+def first_invalid(ids, limit):
+    """Index of the first id outside [0, limit), or -1."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= limit:
+            return i
+    return -1
 
 
 def warm_up() -> int:
@@ -156,9 +216,15 @@ def warm_up() -> int:
     The input repeats a gram, so each kernel runs its full path, not an early exit.
     """
     tokens = np.array([3, 1, 4, 1, 5, 3, 1, 4], dtype=np.int32)
+    prev = np.zeros(tokens.shape[0], dtype=np.int32)
     table = np.full(64, EMPTY, dtype=np.int32)
-    index_ends(tokens, table, 0, tokens.shape[0] - 1, 1, 4)
+    index_ends(tokens, prev, table, 0, tokens.shape[0] - 1, 1, 4)
     bigger = np.full(128, EMPTY, dtype=np.int32)
     rehash(tokens, table, bigger)
-    out = np.zeros(2, dtype=np.int64)
-    return longest_match(tokens, bigger, tokens.shape[0], 1, 4, out)
+    ends = np.zeros(5, dtype=np.int64)
+    first_invalid(ends, 1)
+    first_invalid(tokens.astype(np.int64), 1)
+    found = match_ends(tokens, bigger, tokens, tokens.shape[0], 1, 4, ends)
+    out = np.zeros((4, 2), dtype=np.int64)
+    best_occurrences(tokens, prev, tokens, tokens.shape[0], ends[1], 4, 16, out)
+    return found

@@ -5,7 +5,7 @@ import numpy as np
 from lookahead.index import kernels
 
 _GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
-_MAX_LOAD = 0.8  # slots used / slots, before the table grows
+_MAX_LOAD = 0.82  # slots used / slots, before the table grows
 _MIN_SLOTS = 1024
 _MIN_TOKENS = 256
 _CHUNK = 4096  # end positions indexed per kernel call on a long extend
@@ -13,7 +13,7 @@ _warmed_up = False
 
 
 class TokenIndex:
-    """Finds, in O(max_ngram²) independent of length, what followed the current suffix last time.
+    """Finds, in O(max_ngram²) at any length, what followed the current suffix last time.
 
     The index holds a sequence of token ids. `append`/`extend` add to its end;
     `longest_match` returns the longest suffix (between `min_ngram` and `max_ngram`
@@ -22,12 +22,13 @@ class TokenIndex:
 
     Cost: amortized O(max_ngram) hashing per appended token (plus one probe sequence per
     gram); O(max_ngram²) per query. Neither grows with the sequence length.
-    Memory: 4 bytes per token plus 4 bytes per table slot; one slot per distinct
+    Memory: 8 bytes per token (the token and a link to the previous occurrence of its
+    shortest gram) plus 4 bytes per table slot; one slot per distinct
     (gram, length) pair, at most `max_ngram - min_ngram + 1` per token. The table keeps
-    at most 80% of its slots used and grows by 1.5x, as does the token buffer, so the worst
-    case (every gram new) is 4 * 1.875 * (max_ngram - min_ngram + 1) + 6 bytes per token:
-    58.5 for lengths 2..8. Length-1 grams are bounded by the vocabulary in use, so with
-    lengths 1..8 real text stays under 64 too: 43-49 bytes per token on BPE-tokenized code
+    at most 82% of its slots used and grows by 1.5x, as does the token buffer, so the worst
+    case (every gram new) is 4 * 1.83 * (max_ngram - min_ngram + 1) + 12 bytes per token:
+    63.2 for lengths 2..8. Length-1 grams are bounded by the vocabulary in use, so real
+    text with lengths 1..8 stays under 64: 30-55 bytes per token on BPE-tokenized code
     from 1k to 1M tokens (`lookahead bench --overhead`).
 
     Rolling back (`truncate`) rebuilds the table from the kept tokens, O(kept * max_ngram):
@@ -60,10 +61,11 @@ class TokenIndex:
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
         self._tokens = np.zeros(_MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) token ids; valid below self._n
+        self._prev = np.zeros(_MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) previous end of the same min_ngram-gram
         self._table = np.full(_MIN_SLOTS, kernels.EMPTY, dtype=np.int32)  # (cap_slots,) see kernels.py
         self._n = 0  # tokens held
         self._used = 0  # table slots used
-        self._match = np.zeros(2, dtype=np.int64)  # out-buffer of longest_match: (length, end position)
+        self._ends = np.zeros(max_ngram + 1, dtype=np.int64)  # (max_ngram + 1,) out-buffer of match_ends
         self.version = 0  # bumped by every mutation; lets holders of positions detect staleness
 
     def __len__(self) -> int:
@@ -79,7 +81,7 @@ class TokenIndex:
     @property
     def nbytes(self) -> int:
         """Bytes held by the index's buffers."""
-        return self._tokens.nbytes + self._table.nbytes
+        return self._tokens.nbytes + self._prev.nbytes + self._table.nbytes
 
     def append(self, token: int) -> None:
         """Appends one token id."""
@@ -98,6 +100,7 @@ class TokenIndex:
             grown = np.zeros(capacity, dtype=np.int32)
             grown[: self._n] = self._tokens[: self._n]
             self._tokens = grown
+            self._prev = np.resize(self._prev, capacity)
         start = self._n
         self._tokens[start : start + count] = new
         self._n += count
@@ -108,7 +111,7 @@ class TokenIndex:
         for lo in range(max(start - 1, 0), self._n - 1, _CHUNK):
             hi = min(lo + _CHUNK, self._n - 1)
             self._reserve((hi - lo) * grams_per_end)
-            self._used += kernels.index_ends(self._tokens, self._table, lo, hi, self.min_ngram, self.max_ngram)
+            self._used += kernels.index_ends(self._tokens, self._prev, self._table, lo, hi, self.min_ngram, self.max_ngram)
 
     def truncate(self, length: int) -> None:
         """Keeps the first `length` tokens. Cost O(length * max_ngram): the table is rebuilt."""
@@ -127,15 +130,43 @@ class TokenIndex:
         self._table.fill(kernels.EMPTY)
         self.version += 1
 
-    def longest_match(self, min_ngram: int | None = None) -> tuple[int, int]:
-        """Returns (length, end) of the longest suffix that occurred earlier, most recent occurrence.
+    def longest_match(self, query=None) -> tuple[int, int]:
+        """(length, end) of the longest suffix that occurred in the index; its most recent occurrence.
 
-        `end` is the position of the occurrence's last token, so its continuation starts at
-        end + 1. Returns (0, -1) when no suffix of at least `min_ngram` tokens occurred.
+        Without `query` the suffix is the index's own and only earlier occurrences count;
+        with `query` (token ids of another sequence, only its last max_ngram matter) any
+        occurrence does. `end` is the position of the occurrence's last token, so its
+        continuation starts at end + 1. Returns (0, -1) when no suffix of at least
+        min_ngram tokens occurred.
         """
-        lo = self.min_ngram if min_ngram is None else max(min_ngram, self.min_ngram)
-        kernels.longest_match(self._tokens, self._table, self._n, lo, self.max_ngram, self._match)
-        return int(self._match[0]), int(self._match[1])
+        length = self._match(query)
+        return (length, int(self._ends[length])) if length else (0, -1)
+
+    def match_ends(self, query=None) -> np.ndarray:
+        """ends[g] = most recent end of the g-token suffix (-1 if absent), g in 0..max_ngram; a copy."""
+        self._match(query)
+        return self._ends.copy()
+
+    def occurrences(self, max_count: int = 8, max_walk: int = 64) -> np.ndarray:
+        """Earlier occurrences of the current suffix with the longest matches: rows (end, length).
+
+        Walks at most `max_walk` occurrences of the last min_ngram tokens, most recent
+        first; returns up to `max_count` rows, longest match first, then most recent.
+        Cost: O(max_walk * max_ngram), independent of the sequence length.
+        """
+        self._match(None)
+        first = int(self._ends[self.min_ngram])
+        out = np.empty((max_count, 2), dtype=np.int64)
+        found = kernels.best_occurrences(self._tokens, self._prev, self._tokens, self._n, first, self.max_ngram, max_walk, out)
+        return out[:found]
+
+    def _match(self, query) -> int:
+        if query is None:
+            return kernels.match_ends(self._tokens, self._table, self._tokens, self._n, self.min_ngram, self.max_ngram, self._ends)
+        if not (isinstance(query, np.ndarray) and query.dtype == np.int64):
+            query = _as_token_array(query)
+        query = query[-self.max_ngram :]
+        return kernels.match_ends(self._tokens, self._table, query, query.shape[0], self.min_ngram, self.max_ngram, self._ends)
 
     def continuation(self, end: int, max_tokens: int) -> np.ndarray:
         """Up to `max_tokens` token ids that followed position `end` (a copy, int64)."""
@@ -157,7 +188,7 @@ class TokenIndex:
 
 
 def _as_token_array(token_ids) -> np.ndarray:
-    """Validates a 1-D sequence of token ids; returns it as int64 numpy."""
+    """Validates a 1-D sequence of token ids; returns it as int64 numpy (no copy if it already is)."""
     if hasattr(token_ids, "detach"):  # a torch tensor, without importing torch here
         token_ids = token_ids.detach().cpu().numpy()
     array = np.asarray(token_ids)
@@ -165,10 +196,13 @@ def _as_token_array(token_ids) -> np.ndarray:
         raise ValueError(f"token ids must be 1-D, got shape {array.shape}")
     if array.size == 0:
         return array.astype(np.int64)
-    if not np.issubdtype(array.dtype, np.integer):
+    if array.dtype.kind not in "iu":
         raise TypeError(f"token ids must be integers, got dtype {array.dtype}")
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high >= 2**31:
-        bad = low if low < 0 else high
-        raise ValueError(f"token ids must be in [0, 2**31), got {bad}")
-    return array.astype(np.int64)
+    if array.dtype != np.int64:
+        if array.dtype == np.uint64 and int(array.max()) >= 2**31:
+            raise ValueError(f"token ids must be in [0, 2**31), got {int(array.max())}")
+        array = array.astype(np.int64)
+    bad = kernels.first_invalid(array, 2**31)
+    if bad >= 0:
+        raise ValueError(f"token ids must be in [0, 2**31), got {int(array[bad])}")
+    return array

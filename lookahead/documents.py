@@ -1,0 +1,124 @@
+"""`DocumentLibrary`: many reference documents; each request consults only those it shares text with.
+
+A RAG pipeline or code-assistant backend may hold thousands of documents (retrieved
+passages, repository files). Indexing all of them for every request costs memory and time
+and lets unrelated text anchor drafts. The library keeps an Aho-Corasick automaton
+(pyahocorasick) over sampled n-grams of every document; at the start of a request one pass
+over the prompt finds the documents that share an n-gram with it, and only those are
+indexed for the request.
+"""
+
+import ahocorasick
+import numpy as np
+
+from lookahead.index.token_index import _as_token_array
+from lookahead.store import SEPARATOR, TokenStore
+
+DEFAULT_KEY_NGRAM = 8  # documents are found through shared 8-token runs
+DEFAULT_STRIDE = 4  # a key at every 4th position: any shared run of 8 + 4 - 1 = 11 tokens is found
+
+
+def _as_text(ids: np.ndarray) -> str:
+    # One character per token id, skipping the surrogate block that str keys cannot hold.
+    return "".join(chr(t if t < 0xD800 else t + 0x800) for t in ids.tolist())
+
+
+class DocumentLibrary:
+    """Reference documents, and the per-request selection of the relevant ones.
+
+    Args:
+        key_ngram: length of the token runs that link a prompt to a document.
+        stride: a run is registered every `stride` positions of a document, so shared
+            text of key_ngram + stride - 1 tokens is always found (memory: one automaton
+            key per `stride` document tokens).
+        select_above_tokens: below this many document tokens in all, every request just
+            uses every document (indexing them once is cheaper than selecting).
+
+    Example:
+        >>> library = DocumentLibrary(key_ngram=2, stride=1)
+        >>> library.add([10, 11, 12, 13])
+        >>> library.add([20, 21, 22])
+        >>> library.select([5, 21, 22])
+        [1]
+    """
+
+    def __init__(self, *, key_ngram: int = DEFAULT_KEY_NGRAM, stride: int = DEFAULT_STRIDE, select_above_tokens: int = 32_768):
+        if key_ngram < 1 or stride < 1:
+            raise ValueError(f"key_ngram and stride must be >= 1, got {key_ngram} and {stride}")
+        self.key_ngram = key_ngram
+        self.stride = stride
+        self.select_above_tokens = select_above_tokens
+        self.documents: list[np.ndarray] = []  # token ids of each document, int64
+        self._keys: dict[str, list[int]] = {}  # key text -> indices of documents holding it
+        self._automaton = ahocorasick.Automaton()
+        self._automaton_stale = False
+        self._everything: TokenStore | None = None  # all documents, built lazily for small libraries
+        self.num_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def add(self, token_ids) -> None:
+        """Adds one document (1-D token ids)."""
+        ids = _as_token_array(token_ids)
+        if ids.size and int(ids.max()) >= SEPARATOR:
+            raise ValueError(f"token ids must be < {SEPARATOR}, got {int(ids.max())}")
+        if ids.size == 0:
+            return
+        doc = len(self.documents)
+        self.documents.append(ids)
+        self.num_tokens += ids.size
+        text = _as_text(ids)
+        for start in range(0, max(1, len(text) - self.key_ngram + 1), self.stride):
+            key = text[start : start + self.key_ngram]
+            holders = self._keys.setdefault(key, [])
+            if not holders:
+                self._automaton.add_word(key, key)
+            if holders[-1:] != [doc]:
+                holders.append(doc)
+        self._automaton_stale = True
+        self._everything = None
+
+    def select(self, prompt_ids) -> list[int]:
+        """Indices of the documents sharing a key run with `prompt_ids`, ascending. Cost: O(len(prompt))."""
+        if not self.documents:
+            return []
+        if self._automaton_stale:
+            self._automaton.make_automaton()
+            self._automaton_stale = False
+        found = set()
+        for _, key in self._automaton.iter(_as_text(_as_token_array(prompt_ids))):
+            found.update(self._keys[key])
+        return sorted(found)
+
+    def store_for(self, prompt_ids, *, min_ngram: int = 1, max_ngram: int = 8) -> TokenStore | None:
+        """A TokenStore of the documents relevant to a request (all of them in a small library); None if none."""
+        if not self.documents:
+            return None
+        if self.num_tokens <= self.select_above_tokens:
+            if self._everything is None:
+                self._everything = self._store(range(len(self.documents)), min_ngram, max_ngram)
+            return self._everything
+        chosen = self.select(prompt_ids)
+        return self._store(chosen, min_ngram, max_ngram) if chosen else None
+
+    def _store(self, docs, min_ngram: int, max_ngram: int) -> TokenStore:
+        total = sum(self.documents[d].size + 1 for d in docs)
+        store = TokenStore(max_tokens=max(16, total), min_ngram=min_ngram, max_ngram=max_ngram)
+        for d in docs:
+            store.add(self.documents[d])
+        return store
+
+    def save(self, path) -> None:
+        """Writes the documents (a TokenStore file; the automaton is rebuilt on load)."""
+        self._store(range(len(self.documents)), 1, 1).save(path)
+
+    @classmethod
+    def load(cls, path, **kwargs) -> "DocumentLibrary":
+        """Reads a library written by `save`; StoreFileError if the file is not one, and nothing is built."""
+        store = TokenStore.load(path)
+        tokens = store._index.tokens.astype(np.int64)
+        library = cls(**kwargs)
+        for start, stop in zip(store._starts, store._starts[1:] + [tokens.size]):
+            library.add(tokens[start : stop - 1])  # each sequence ends with its separator
+        return library
