@@ -14,8 +14,9 @@ import numpy as np
 from lookahead.index.token_index import _as_token_array
 from lookahead.store import SEPARATOR, TokenStore
 
-DEFAULT_KEY_NGRAM = 8  # documents are found through shared 8-token runs
-DEFAULT_STRIDE = 4  # a key at every 4th position: any shared run of 8 + 4 - 1 = 11 tokens is found
+DEFAULT_KEY_NGRAM = 12  # documents are found through shared 12-token runs
+DEFAULT_STRIDE = 4  # a key at every 4th position: any shared run of 12 + 4 - 1 = 15 tokens is found
+DEFAULT_MAX_DOCUMENTS = 8  # a request consults at most this many, those sharing the most runs
 
 
 def _as_text(ids: np.ndarray) -> str:
@@ -31,6 +32,8 @@ class DocumentLibrary:
         stride: a run is registered every `stride` positions of a document, so shared
             text of key_ngram + stride - 1 tokens is always found (memory: one automaton
             key per `stride` document tokens).
+        max_documents: a request consults at most this many documents: those sharing the
+            most key runs with its prompt.
         select_above_tokens: below this many document tokens in all, every request just
             uses every document (indexing them once is cheaper than selecting).
 
@@ -42,9 +45,17 @@ class DocumentLibrary:
         [1]
     """
 
-    def __init__(self, *, key_ngram: int = DEFAULT_KEY_NGRAM, stride: int = DEFAULT_STRIDE, select_above_tokens: int = 32_768):
-        if key_ngram < 1 or stride < 1:
-            raise ValueError(f"key_ngram and stride must be >= 1, got {key_ngram} and {stride}")
+    def __init__(
+        self,
+        *,
+        key_ngram: int = DEFAULT_KEY_NGRAM,
+        stride: int = DEFAULT_STRIDE,
+        max_documents: int = DEFAULT_MAX_DOCUMENTS,
+        select_above_tokens: int = 32_768,
+    ):
+        if key_ngram < 1 or stride < 1 or max_documents < 1:
+            raise ValueError(f"key_ngram, stride and max_documents must be >= 1, got {key_ngram}, {stride}, {max_documents}")
+        self.max_documents = max_documents
         self.key_ngram = key_ngram
         self.stride = stride
         self.select_above_tokens = select_above_tokens
@@ -80,16 +91,20 @@ class DocumentLibrary:
         self._everything = None
 
     def select(self, prompt_ids) -> list[int]:
-        """Indices of the documents sharing a key run with `prompt_ids`, ascending. Cost: O(len(prompt))."""
+        """The documents sharing the most key runs with `prompt_ids` (at most max_documents), most first.
+
+        Cost: one automaton pass over the prompt, O(len(prompt) + matches).
+        """
         if not self.documents:
             return []
         if self._automaton_stale:
             self._automaton.make_automaton()
             self._automaton_stale = False
-        found = set()
+        hits: dict[int, int] = {}
         for _, key in self._automaton.iter(_as_text(_as_token_array(prompt_ids))):
-            found.update(self._keys[key])
-        return sorted(found)
+            for doc in self._keys[key]:
+                hits[doc] = hits.get(doc, 0) + 1
+        return sorted(hits, key=lambda doc: (-hits[doc], doc))[: self.max_documents]
 
     def store_for(self, prompt_ids, *, min_ngram: int = 1, max_ngram: int = 8) -> TokenStore | None:
         """A TokenStore of the documents relevant to a request (all of them in a small library); None if none."""
