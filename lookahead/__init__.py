@@ -2,6 +2,7 @@
 
 from lookahead.documents import DocumentLibrary
 from lookahead.drafter import Draft, DraftStats, LookupDrafter
+from lookahead.engine import generate
 from lookahead.index import TokenIndex
 from lookahead.integrations.transformers import UnsupportedGenerationError
 from lookahead.store import StoreFileError, TokenStore
@@ -17,5 +18,6 @@ __all__ = [
     "TokenIndex",
     "TokenStore",
     "UnsupportedGenerationError",
+    "generate",
     "__version__",
 ]

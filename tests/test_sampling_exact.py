@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import lookahead
 from lookahead import LookupDrafter
 from tests.models import stories_model
 
@@ -23,7 +24,7 @@ BINS = 20
 ALPHA = 1e-3
 
 
-def sampled_sequences(model, prompt, runs, drafter, seed):
+def sampled_sequences(model, prompt, runs, drafter, seed, entry):
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None  # fixed length: no EOS, no min-length processor
     torch.manual_seed(seed)
@@ -31,7 +32,10 @@ def sampled_sequences(model, prompt, runs, drafter, seed):
     config.update(do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS)
     sequences, accepted = [], 0
     for _ in range(runs):
-        sequences.append(model.generate(input_ids, generation_config=config, assistant_model=drafter))
+        if entry == "assistant_model":
+            sequences.append(model.generate(input_ids, generation_config=config, assistant_model=drafter))
+        else:  # our engine, through transformers' custom_generate with trees
+            sequences.append(model.generate(input_ids, generation_config=config, custom_generate=lookahead.generate, assistant=drafter, tree=True))
         accepted += drafter.stats.accepted
     return torch.cat(sequences), accepted
 
@@ -54,13 +58,13 @@ def uniformity_p_value(u: np.ndarray) -> float:
     return chi2_sf(float(((counts - expected) ** 2 / expected).sum()), BINS - 1)
 
 
-@pytest.fixture(scope="module")
-def setup():
+@pytest.fixture(scope="module", params=["assistant_model", "custom_generate_tree"])
+def setup(request):
     model = stories_model()
     story = model.generate(torch.tensor([[1]]), max_new_tokens=60, do_sample=False)[0].tolist()
     prompt = story + story[1:]  # the model tends to tell it again: drafts get accepted
-    drafter = LookupDrafter()
-    sequences, accepted = sampled_sequences(model, prompt, RUNS, drafter, seed=0)
+    drafter = LookupDrafter()  # its memory of earlier samples feeds drafts too: still exact
+    sequences, accepted = sampled_sequences(model, prompt, RUNS, drafter, seed=0, entry=request.param)
     return model, prompt, accepted, sequences
 
 

@@ -1,0 +1,260 @@
+"""`lookahead.generate`: our own verification loop; a whole draft tree per forward pass.
+
+One step: the block [pending token, draft nodes...] runs through the model with a 4D mask
+in which each node sees the cached prefix, the pending token and its own ancestors, at
+position prefix_len + depth. Starting at the pending token, the target's choice at each
+node (argmax, or a sample from the processed distribution) is looked up among the node's
+children: found, descend; not found, it becomes the next pending token. The KV cache keeps
+the walked path only.
+
+Exactness. Greedy: every kept token is the model's argmax given exactly the tokens before
+it, so the output equals plain greedy decoding. Sampling: every kept token is drawn from
+the model's processed distribution given the tokens before it; a draft only decides
+whether that draw is already computed, so for drafts that do not depend on the draw this
+is sampling from the model.
+"""
+
+import functools
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from lookahead.drafter import Draft, LookupDrafter
+from lookahead.integrations.transformers import UnsupportedGenerationError
+
+# Families whose attention applies a custom 4D mask and whose cache layers can be gathered.
+TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3", "qwen3"}
+
+
+def generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    generation_config: GenerationConfig | None = None,
+    *,
+    drafter: LookupDrafter | None = None,
+    assistant: LookupDrafter | None = None,
+    tree: bool | None = None,
+    max_tree_nodes: int = 64,
+    streamer=None,
+    tokenizer=None,
+    stop_strings: str | list[str] | None = None,
+    **kwargs,
+):
+    """Generates with drafts verified by `model`, chains or whole trees per forward pass.
+
+    Call it directly, `lookahead.generate(model, input_ids, drafter=LookupDrafter(), max_new_tokens=64)`,
+    or through transformers: `model.generate(**inputs, custom_generate=lookahead.generate,
+    assistant=LookupDrafter())`. Either way transformers prepares the logits processors,
+    stopping criteria and config as for plain generate. On the custom_generate path
+    transformers drops `streamer` and `tokenizer`: use the direct call for streaming and
+    stop_strings.
+
+    Args:
+        model: a decoder-only transformers model.
+        input_ids: (1, prompt_len) token ids.
+        drafter / assistant: the LookupDrafter (either name; a fresh one if neither).
+        tree: draft trees (default: where the model family supports them), or chains.
+        max_tree_nodes: node budget of a tree draft.
+        streamer: receives the prompt, then each step's new tokens (transformers' protocol).
+        tokenizer: needed for `stop_strings`.
+        stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
+        **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
+            temperature, top_k, top_p, repetition_penalty, logits processors,
+            return_dict_in_generate, attention_mask, ...).
+
+    Returns:
+        (1, total_len) sequences, or a GenerateDecoderOnlyOutput with `sequences` when
+        return_dict_in_generate. The drafter's `stats` describe the call.
+
+    Raises:
+        UnsupportedGenerationError: batch size above 1, beam search, encoder-decoder models,
+            static caches, tree=True for a family without tree support.
+    """
+    drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
+    if generation_config is None:
+        # A direct call: let transformers prepare processors, stopping criteria and the config
+        # exactly as for plain generate, then call us back. It drops `streamer` and
+        # `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
+        # travel bound to the callback.
+        callback = functools.partial(
+            generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer,
+            tokenizer=tokenizer, stop_strings=stop_strings,
+        )
+        return model.generate(input_ids, custom_generate=callback, **kwargs)
+    config = generation_config
+    processors = logits_processor if logits_processor is not None else LogitsProcessorList()
+    # EOS and length are checked per token below; other criteria (stop strings, user ones) run as given.
+    criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+    _check(model, input_ids, config, kwargs)
+    use_tree = _tree_supported(model) if tree is None else tree
+    if use_tree and not _tree_supported(model):
+        raise UnsupportedGenerationError(
+            f"tree drafts need a model whose attention takes custom 4D masks and a plain cache; "
+            f"{type(model).__name__} ({model.config.model_type}) is not among {sorted(TREE_MODEL_TYPES)}. Use tree=False."
+        )
+
+    prompt_len = input_ids.shape[1]
+    max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
+    eos = _eos_set(config)
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings needs tokenizer= to decode the generated tokens")
+    do_sample = bool(config.do_sample)
+
+    sequence = input_ids[0].tolist()
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    drafter.reset(sequence)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1:].float()
+        pending = _choose(processors, input_ids, logits[0], do_sample)
+        new = [pending]
+        while True:
+            stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)
+            if stop_at is not None:
+                _emit(streamer, new[:stop_at])
+                sequence += new[:stop_at]
+                break
+            _emit(streamer, new)
+            sequence += new
+            drafter.extend(new)
+            budget = max_len - len(sequence) - 1  # drafts beyond it could never be kept
+            draft = (drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget))
+            kept, pending = _verify(model, cache, sequence, draft, processors, do_sample)
+            drafter.stats.record(len(draft), len(kept))
+            new = kept + [pending]
+    if streamer is not None:
+        streamer.end()
+    sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
+    if config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
+
+
+def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool):
+    """Runs [pending] + draft through the model; returns (kept draft tokens, next pending token).
+
+    The pending token is sequence[-1], not yet in the cache. The cache ends up holding the
+    pending token and the kept draft tokens.
+    """
+    prefix_len = len(sequence) - 1  # tokens in the cache
+    n = len(draft)
+    tokens = [sequence[-1]] + draft.token_ids.tolist()
+    parents = [-1] + [p + 1 for p in draft.parents.tolist()]  # block index of each node's parent
+    depth = [0] * (n + 1)
+    for i in range(1, n + 1):
+        depth[i] = depth[parents[i]] + 1
+    device = model.device
+    block = torch.tensor([tokens], device=device)
+    is_chain = all(p == i - 1 for i, p in enumerate(parents) if i)
+    if is_chain:
+        out = model(input_ids=block, cache=cache, use_cache=True)
+    else:
+        # visible[i, j]: block node j is node i or one of its ancestors
+        visible = torch.zeros((n + 1, n + 1), dtype=torch.bool)
+        for i in range(n + 1):
+            j = i
+            while j >= 0:
+                visible[i, j] = True
+                j = parents[j]
+        dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+        mask = torch.zeros((1, 1, n + 1, prefix_len + n + 1), dtype=dtype, device=device)
+        mask[0, 0, :, prefix_len:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)
+        positions = torch.tensor([[prefix_len + d for d in depth]], device=device)
+        out = model(input_ids=block, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions)
+    logits = out.logits[0].float()
+
+    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(1, n + 1)}
+    path = [0]
+    while True:
+        node = path[-1]
+        context = sequence + [tokens[i] for i in path[1:]]
+        choice = _choose(processors, torch.tensor([context], device=device), logits[node], do_sample)
+        child = children.get((node, choice))
+        if child is None:
+            break
+        path.append(child)
+    _keep_in_cache(cache, prefix_len, path, n + 1, is_chain)
+    return [tokens[i] for i in path[1:]], choice
+
+
+def _keep_in_cache(cache, prefix_len: int, path: list[int], block_len: int, is_chain: bool) -> None:
+    """Drops the unkept block entries; for a chain the kept ones are a prefix, for a tree they are gathered."""
+    if is_chain:
+        if block_len > len(path):
+            cache.crop(-(block_len - len(path)))  # transformers 5: a negative count removes that many
+        return
+    keep = torch.tensor(list(range(prefix_len)) + [prefix_len + i for i in path])
+    for layer in cache.layers:
+        index = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
+def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> int:
+    scores = logits[None].clone()
+    if len(processors):
+        scores = processors(context, scores)
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores[0], dim=-1), 1))
+    return int(scores[0].argmax())
+
+
+def _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer):
+    """How many of `new` to keep if generation stops among them (None: it goes on)."""
+    for i, token in enumerate(new):
+        length = len(sequence) + i + 1
+        if token in eos or length >= max_len:
+            return i + 1
+        if stop_strings:
+            tail = tokenizer.decode((sequence + new[: i + 1])[max(prompt_len, length - 32) :])
+            if any(s in tail for s in stop_strings):
+                return i + 1
+        if criteria:
+            ids = torch.tensor([sequence + new[: i + 1]])
+            if any(bool(c(ids, None).any()) for c in criteria):
+                return i + 1
+    return None
+
+
+def _emit(streamer, tokens: list[int]) -> None:
+    if streamer is not None and tokens:
+        streamer.put(torch.tensor(tokens))
+
+
+def _eos_set(config: GenerationConfig) -> set[int]:
+    eos = config.eos_token_id
+    if eos is None:
+        return set()
+    return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
+
+
+def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
+    if model.config.is_encoder_decoder:
+        raise UnsupportedGenerationError(f"lookahead.generate drafts for decoder-only models; {type(model).__name__} is an encoder-decoder")
+    if (config.num_beams or 1) > 1:
+        raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise UnsupportedGenerationError(f"lookahead.generate verifies one sequence at a time, got input_ids of shape {tuple(input_ids.shape)}; call it per sequence")
+    if config.cache_implementation not in (None, "dynamic"):
+        raise UnsupportedGenerationError(f"lookahead.generate keeps its own dynamic cache; cache_implementation='{config.cache_implementation}' is not supported")
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is not None and "Static" in type(cache).__name__:
+        raise UnsupportedGenerationError(f"lookahead.generate keeps its own dynamic cache; a {type(cache).__name__} is not supported")
+    mask = kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise UnsupportedGenerationError("lookahead.generate takes unpadded input: the attention_mask must be all ones")
+
+
+def _tree_supported(model) -> bool:
+    config = model.config
+    if config.model_type not in TREE_MODEL_TYPES:
+        return False
+    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return False  # a sliding-window cache layer cannot be gathered
+    return set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}

@@ -1,0 +1,161 @@
+"""lookahead.generate: our own loop, chains and trees, both entry points, against plain generate."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import lookahead
+from lookahead import LookupDrafter, UnsupportedGenerationError
+from lookahead.engine import _tree_supported
+from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
+from tests.test_greedy_exact import make_case
+
+TREE_FAMILIES = ["llama", "qwen2", "mistral", "phi3"]
+CASES = 12
+
+
+def plain(model, case):
+    return model.generate(torch.tensor([case["prompt"]]), **with_mask(case))
+
+
+def with_mask(case):
+    # Explicit: else transformers reads pad-token ids in a prompt as padding.
+    return case["options"] | dict(attention_mask=torch.ones(1, len(case["prompt"]), dtype=torch.long))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seed", range(CASES))
+def test_engine_greedy_matches_plain_generate(family, seed):
+    model = tiny_model(family)
+    case = make_case(model, 500 + seed, VOCAB)
+    expected = plain(model, case)
+    for tree in ([True, False] if family in TREE_FAMILIES else [False]):
+        drafter = LookupDrafter(**case["drafter"])
+        got = lookahead.generate(model, torch.tensor([case["prompt"]]), drafter=drafter, tree=tree, **with_mask(case))
+        assert got.tolist() == expected.tolist(), (tree, case)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_custom_generate_entry_matches_plain_generate(seed):
+    model = tiny_model("qwen2")
+    case = make_case(model, 700 + seed, VOCAB)
+    got = model.generate(
+        torch.tensor([case["prompt"]]), custom_generate=lookahead.generate, assistant=LookupDrafter(**case["drafter"]),
+        **with_mask(case),
+    )
+    assert got.tolist() == plain(model, case).tolist()
+
+
+def story_prompt(model, length=60):
+    story = model.generate(torch.tensor([[1]]), max_new_tokens=length, do_sample=False)[0].tolist()
+    return story + story[1:6]
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_trained_model_long_accepts_are_exact(tree):
+    model = stories_model()
+    prompt = story_prompt(model)
+    expected = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
+    drafter = LookupDrafter(draft_factor=16)
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=tree, max_new_tokens=60, do_sample=False)
+    assert got.tolist() == expected.tolist()
+    assert max(drafter.stats.accepted_per_step) >= 8
+    # our loop sees every step, the last one too; the prefill wrote the first token
+    assert drafter.stats.tokens >= 59
+
+
+def test_tree_steps_keep_exactly_the_accepted_path_in_the_cache():
+    # After generating with trees, the cache must equal a fresh forward pass of the sequence.
+    model = stories_model()
+    prompt = story_prompt(model)
+    captured = {}
+    original = lookahead.engine._keep_in_cache
+
+    def spy(cache, prefix_len, path, block_len, is_chain):
+        original(cache, prefix_len, path, block_len, is_chain)
+        captured["cache"], captured["trees"] = cache, captured.get("trees", 0) + (not is_chain)
+
+    lookahead.engine._keep_in_cache = spy
+    try:
+        out = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), tree=True, max_new_tokens=40, do_sample=False)
+    finally:
+        lookahead.engine._keep_in_cache = original
+    assert captured["trees"] > 0
+    cache = captured["cache"]
+    kept = cache.get_seq_length()
+    with torch.no_grad():
+        fresh = model(out[:, :kept], use_cache=True).past_key_values
+    for layer, fresh_layer in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(layer.keys, fresh_layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(layer.values, fresh_layer.values, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_eos_and_max_new_tokens_inside_an_accepted_block(tree):
+    model = stories_model()
+    prompt = story_prompt(model)
+    for options in (dict(max_new_tokens=40, eos_token_id=prompt[14]), dict(max_new_tokens=7), dict(max_new_tokens=1)):
+        options = dict(do_sample=False) | options
+        expected = model.generate(torch.tensor([prompt]), **options)
+        got = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(draft_factor=16), tree=tree, **options)
+        assert got.tolist() == expected.tolist(), options
+
+
+def test_stop_string_completed_inside_an_accepted_block():
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model)
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0, len(prompt) :].tolist()
+    text = tokenizer.decode(plain_ids)
+    stop = text.split()[8]  # a word the model writes again, deep in a long accepted block
+    drafter = LookupDrafter(draft_factor=16)
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, max_new_tokens=60, do_sample=False,
+                             stop_strings=stop, tokenizer=tokenizer)
+    new = got[0, len(prompt) :].tolist()
+    assert new == plain_ids[: len(new)]
+    assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1])
+
+
+def test_streamer_gets_prompt_then_every_new_token():
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.chunks.append("end")
+
+    model = stories_model()
+    prompt = story_prompt(model)
+    streamer = Collect()
+    out = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), max_new_tokens=30, streamer=streamer, do_sample=False)
+    assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
+    assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
+
+
+def test_tree_support_by_family():
+    assert [f for f in FAMILIES if _tree_supported(tiny_model(f))] == TREE_FAMILIES
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6], [7, 8]])), UnsupportedGenerationError, "one sequence"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), num_beams=2), UnsupportedGenerationError, "beam"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), cache_implementation="static"), UnsupportedGenerationError, "static"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), attention_mask=torch.tensor([[0, 1]])), UnsupportedGenerationError, "unpadded"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), max_new_tokns=3), ValueError, "max_new_tokns"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), stop_strings="x"), ValueError, "tokenizer"),
+    ],
+    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer"],
+)
+def test_refused_calls(call, error, message):
+    with pytest.raises(error, match=message):
+        call(tiny_model("llama"))
+
+
+def test_tree_true_on_a_family_without_tree_support():
+    with pytest.raises(UnsupportedGenerationError, match="tree=False"):
+        lookahead.generate(tiny_model("gpt2"), torch.tensor([[5, 6]]), tree=True)
