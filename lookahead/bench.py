@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import lookahead
 from lookahead.drafter import LookupDrafter
 from lookahead import workloads as wl
 
@@ -157,7 +158,9 @@ def methods():
         ("greedy", lambda: {}),
         ("hf prompt lookup k=10", lambda: dict(prompt_lookup_num_tokens=10, max_matching_ngram_size=3)),
         ("hf prompt lookup k=16", lambda: dict(prompt_lookup_num_tokens=16, max_matching_ngram_size=3)),
-        ("lookahead", lambda: dict(assistant_model=LookupDrafter())),
+        ("lookahead (transformers loop)", lambda: dict(assistant_model=LookupDrafter())),
+        ("lookahead engine, chain", lambda: dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), tree=False)),
+        ("lookahead engine, tree", lambda: dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), tree=True)),
     ]
 
 

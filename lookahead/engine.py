@@ -1,11 +1,12 @@
 """`lookahead.generate`: our own verification loop; a whole draft tree per forward pass.
 
-One step: the block [pending token, draft nodes...] runs through the model with a 4D mask
-in which each node sees the cached prefix, the pending token and its own ancestors, at
-position prefix_len + depth. Starting at the pending token, the target's choice at each
-node (argmax, or a sample from the processed distribution) is looked up among the node's
-children: found, descend; not found, it becomes the next pending token. The KV cache keeps
-the walked path only.
+One step: the block [uncached tokens..., draft nodes...] runs through the model with a 4D
+mask in which each token sees the cache, the uncached tokens before it and, for a draft
+node, its own ancestors, at position cached + depth. (Uncached: the prompt on the first
+step, so the prefill verifies a first draft; afterwards the last step's own token.)
+Starting at the last uncached token, the target's choice at each node (argmax, or a sample
+from the processed distribution) is looked up among the node's children: found, descend;
+not found, it is the step's own token. The KV cache keeps the walked path only.
 
 Exactness. Greedy: every kept token is the model's argmax given exactly the tokens before
 it, so the output equals plain greedy decoding. Sampling: every kept token is drawn from
@@ -111,23 +112,19 @@ def generate(
     drafter.reset(sequence)
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1:].float()
-        pending = _choose(processors, input_ids, logits[0], do_sample)
-        new = [pending]
         while True:
+            budget = max_len - len(sequence) - 1  # the step's own token takes the last place
+            draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget)
+            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample)
+            drafter.stats.record(len(draft), len(kept))
+            new = kept + [choice]
             stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)
-            if stop_at is not None:
-                _emit(streamer, new[:stop_at])
-                sequence += new[:stop_at]
-                break
+            new = new if stop_at is None else new[:stop_at]
             _emit(streamer, new)
             sequence += new
+            if stop_at is not None:
+                break
             drafter.extend(new)
-            budget = max_len - len(sequence) - 1  # drafts beyond it could never be kept
-            draft = (drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget))
-            kept, pending = _verify(model, cache, sequence, draft, processors, do_sample)
-            drafter.stats.record(len(draft), len(kept))
-            new = kept + [pending]
     if streamer is not None:
         streamer.end()
     sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
@@ -137,40 +134,42 @@ def generate(
 
 
 def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool):
-    """Runs [pending] + draft through the model; returns (kept draft tokens, next pending token).
+    """One forward pass over the uncached tokens plus the draft; returns (kept draft tokens, model's next token).
 
-    The pending token is sequence[-1], not yet in the cache. The cache ends up holding the
-    pending token and the kept draft tokens.
+    The tokens of `sequence` past the cache (the prompt on the first step, else the last
+    step's own token) form a causal chain; the draft's roots hang from its last token.
+    Afterwards the cache holds the sequence and the kept draft tokens.
     """
-    prefix_len = len(sequence) - 1  # tokens in the cache
+    cached = cache.get_seq_length()
+    u = len(sequence) - cached  # uncached tokens, >= 1
     n = len(draft)
-    tokens = [sequence[-1]] + draft.token_ids.tolist()
-    parents = [-1] + [p + 1 for p in draft.parents.tolist()]  # block index of each node's parent
-    depth = [0] * (n + 1)
-    for i in range(1, n + 1):
+    tokens = sequence[cached:] + draft.token_ids.tolist()
+    parents = list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents.tolist()]
+    depth = list(range(u)) + [0] * n
+    for i in range(u, u + n):
         depth[i] = depth[parents[i]] + 1
     device = model.device
     block = torch.tensor([tokens], device=device)
-    is_chain = all(p == i - 1 for i, p in enumerate(parents) if i)
+    is_chain = all(parents[i] == i - 1 for i in range(1, u + n))
     if is_chain:
         out = model(input_ids=block, cache=cache, use_cache=True)
     else:
-        # visible[i, j]: block node j is node i or one of its ancestors
-        visible = torch.zeros((n + 1, n + 1), dtype=torch.bool)
-        for i in range(n + 1):
+        # visible[i, j]: block token j is token i or one of its ancestors
+        visible = torch.zeros((u + n, u + n), dtype=torch.bool)
+        for i in range(u + n):
             j = i
             while j >= 0:
                 visible[i, j] = True
                 j = parents[j]
         dtype = model.dtype if model.dtype.is_floating_point else torch.float32
-        mask = torch.zeros((1, 1, n + 1, prefix_len + n + 1), dtype=dtype, device=device)
-        mask[0, 0, :, prefix_len:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)
-        positions = torch.tensor([[prefix_len + d for d in depth]], device=device)
+        mask = torch.zeros((1, 1, u + n, cached + u + n), dtype=dtype, device=device)
+        mask[0, 0, :, cached:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)
+        positions = torch.tensor([[cached + d for d in depth]], device=device)
         out = model(input_ids=block, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions)
     logits = out.logits[0].float()
 
-    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(1, n + 1)}
-    path = [0]
+    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, u + n)}
+    path = [u - 1]
     while True:
         node = path[-1]
         context = sequence + [tokens[i] for i in path[1:]]
@@ -179,21 +178,23 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
         if child is None:
             break
         path.append(child)
-    _keep_in_cache(cache, prefix_len, path, n + 1, is_chain)
+    _keep_in_cache(cache, cached, list(range(u)) + path[1:], u + n, is_chain)
     return [tokens[i] for i in path[1:]], choice
 
 
-def _keep_in_cache(cache, prefix_len: int, path: list[int], block_len: int, is_chain: bool) -> None:
-    """Drops the unkept block entries; for a chain the kept ones are a prefix, for a tree they are gathered."""
+def _keep_in_cache(cache, cached: int, keep: list[int], block_len: int, is_chain: bool) -> None:
+    """Keeps the block entries `keep` (ascending block indices) after the `cached` ones.
+
+    For a chain the kept entries are a prefix of the block (crop); for a tree they are gathered.
+    """
     if is_chain:
-        if block_len > len(path):
-            cache.crop(-(block_len - len(path)))  # transformers 5: a negative count removes that many
+        if block_len > len(keep):
+            cache.crop(-(block_len - len(keep)))  # transformers 5: a negative count removes that many
         return
-    keep = torch.tensor(list(range(prefix_len)) + [prefix_len + i for i in path])
+    index = torch.tensor(list(range(cached)) + [cached + b for b in keep])
     for layer in cache.layers:
-        index = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, index.to(layer.values.device))
 
 
 def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> int:

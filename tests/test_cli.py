@@ -114,4 +114,5 @@ def test_bench_forced_model_is_exact_on_a_tiny_shape(monkeypatch, capsys):
     assert all(r["exact"] for r in rows)
     code = {r["method"]: r for r in rows if r["workload"] == "code-edit"}
     assert code["greedy"]["tau"] == pytest.approx(41 / 41, rel=0.05)  # one token per forward (prefill included)
-    assert code["lookahead"]["tau"] > 2  # the edited file is mostly copied
+    assert code["lookahead (transformers loop)"]["tau"] > 2  # the edited file is mostly copied
+    assert code["lookahead engine, tree"]["tau"] > 2
