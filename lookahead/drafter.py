@@ -41,6 +41,10 @@ class Draft:
     def chain(cls, token_ids: np.ndarray, match_len: int = 0) -> "Draft":
         return cls(token_ids, np.arange(token_ids.shape[0], dtype=np.int64) - 1, match_len)
 
+    def prefix(self, num_nodes: int) -> "Draft":
+        """The first `num_nodes` nodes (a chain's first tokens; parents precede children, so a subtree)."""
+        return Draft(self.token_ids[:num_nodes], self.parents[:num_nodes], self.match_len if num_nodes else 0)
+
 
 EMPTY_DRAFT = Draft(_EMPTY_IDS, _EMPTY_IDS, 0)
 

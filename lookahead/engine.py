@@ -17,11 +17,13 @@ is sampling from the model.
 
 import functools
 
+import numpy as np
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from lookahead.cost import DraftSizer, verify_costs
 from lookahead.drafter import Draft, LookupDrafter
 from lookahead.integrations.transformers import UnsupportedGenerationError
 
@@ -40,6 +42,7 @@ def generate(
     assistant: LookupDrafter | None = None,
     tree: bool | None = None,
     max_tree_nodes: int = 64,
+    cost_aware: bool = True,
     streamer=None,
     tokenizer=None,
     stop_strings: str | list[str] | None = None,
@@ -58,8 +61,11 @@ def generate(
         model: a decoder-only transformers model.
         input_ids: (1, prompt_len) token ids.
         drafter / assistant: the LookupDrafter (either name; a fresh one if neither).
-        tree: draft trees (default: where the model family supports them), or chains.
+        tree: draft trees, or chains (default: trees where the family supports them and
+            the calibration finds a 64-token block at most 1.25x the cost of a 16-token one).
         max_tree_nodes: node budget of a tree draft.
+        cost_aware: cut chain drafts to the length worth verifying (lookahead.cost); with
+            low acceptance that is nothing, a plain step.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
         stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
@@ -82,16 +88,19 @@ def generate(
         # `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
         # travel bound to the callback.
         callback = functools.partial(
-            generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer,
+            generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, cost_aware=cost_aware, streamer=streamer,
             tokenizer=tokenizer, stop_strings=stop_strings,
         )
-        return model.generate(input_ids, custom_generate=callback, **kwargs)
+        return model.generate(
+            input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria, custom_generate=callback, **kwargs
+        )
     config = generation_config
     processors = logits_processor if logits_processor is not None else LogitsProcessorList()
     # EOS and length are checked per token below; other criteria (stop strings, user ones) run as given.
     criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     _check(model, input_ids, config, kwargs)
-    use_tree = _tree_supported(model) if tree is None else tree
+    costs = verify_costs(model) if cost_aware or tree is None else None
+    use_tree = _tree_supported(model) and costs[64] <= 1.25 * costs[16] if tree is None else tree
     if use_tree and not _tree_supported(model):
         raise UnsupportedGenerationError(
             f"tree drafts need a model whose attention takes custom 4D masks and a plain cache; "
@@ -110,12 +119,19 @@ def generate(
     if streamer is not None:
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
+    sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware and not use_tree else None
+    whole = Draft.chain(np.zeros(0, dtype=np.int64))
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         while True:
             budget = max_len - len(sequence) - 1  # the step's own token takes the last place
             draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget)
+            if sizer is not None and len(draft):
+                whole = draft
+                draft = draft.prefix(sizer.size(draft.match_len, len(draft)))
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample)
+            if sizer is not None and len(whole):
+                sizer.verified(whole.match_len, whole.token_ids.tolist(), len(draft), len(kept), len(sequence))
             drafter.stats.record(len(draft), len(kept))
             new = kept + [choice]
             stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)
@@ -124,6 +140,8 @@ def generate(
             sequence += new
             if stop_at is not None:
                 break
+            if sizer is not None:
+                sizer.settle(sequence)
             drafter.extend(new)
     if streamer is not None:
         streamer.end()

@@ -1,0 +1,42 @@
+"""Cost-aware draft sizing."""
+
+import numpy as np
+
+from lookahead.cost import DraftSizer, verify_costs
+from tests.models import tiny_model
+
+LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
+
+
+def test_sizes_grow_with_acceptance_and_vanish_without_it():
+    sizer = DraftSizer(LINEAR, max_ngram=8)
+    assert 0 < sizer.size(8, 16) < 16  # prior 0.5: a few tokens
+    for _ in range(20):
+        sizer.verified(8, list(range(16)), 16, 16, 0)
+    assert sizer.size(8, 16) == 16
+    for _ in range(20):
+        sizer.verified(2, list(range(16)), 4, 0, 0)
+    assert sizer.size(2, 16) == 0  # a plain step
+    assert sizer.size(8, 16) == 16  # buckets are separate
+
+
+def test_unverified_rest_of_a_cut_draft_teaches_once_the_output_shows_it():
+    sizer = DraftSizer(LINEAR, max_ngram=4)
+    before = sizer.keep_chance(4)
+    sizer.verified(4, [7, 8, 9, 10], 1, 1, position=5)  # verified [7]; [8, 9, 10] watched at 6
+    assert sizer.keep_chance(4) > before
+    sequence = [0] * 5 + [7, 8, 9]
+    sizer.settle(sequence)  # 8 and 9 agree so far, 10 not yet written: still watched
+    assert len(sizer._watched) == 1
+    middle = sizer.keep_chance(4)
+    sizer.settle(sequence + [3])  # the model wrote 3 where the draft said 10: two kept, one failure
+    assert not sizer._watched
+    assert sizer.keep_chance(4) != middle
+
+
+def test_calibration_is_monotone_and_cached():
+    model = tiny_model("llama")
+    costs = verify_costs(model)
+    assert costs.shape == (65,) and costs[1] == 1.0
+    assert (np.diff(costs[1:]) >= 0).all()
+    assert verify_costs(model) is costs
