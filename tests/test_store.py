@@ -183,3 +183,32 @@ def test_add_document_bad_arguments(kwargs, message):
 def test_memory_must_be_a_store_or_bool():
     with pytest.raises(TypeError, match="memory must be"):
         LookupDrafter(memory=[1, 2])
+
+
+def test_generate_calls_in_threads_share_one_memory_and_stay_exact():
+    import torch
+
+    from tests.models import stories_model
+
+    model = stories_model()
+    memory = TokenStore()
+    prompts = [[1] + model.generate(torch.tensor([[1, t]]), max_new_tokens=20, do_sample=False)[0, 1:].tolist() for t in (30, 40, 50, 60)]
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False).tolist() for p in prompts]
+    results, errors = {}, []
+
+    def worker(i):
+        drafter = LookupDrafter(memory=memory)  # one drafter per thread, one memory for all
+        try:
+            for _ in range(2):
+                results[i] = model.generate(torch.tensor([prompts[i]]), max_new_tokens=30, do_sample=False, assistant_model=drafter).tolist()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [results[i] for i in range(len(prompts))] == expected
+    assert memory.num_sequences >= len(prompts)  # each second call filed its first request
