@@ -9,6 +9,7 @@ from lookahead import LookupDrafter, UnsupportedGenerationError
 from lookahead.engine import _tree_supported
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
 from tests.test_greedy_exact import make_case
+from tests.test_transformers_usage import Collect
 
 TREE_FAMILIES = ["llama", "qwen2", "mistral", "phi3"]
 CASES = 12
@@ -116,16 +117,6 @@ def test_stop_string_completed_inside_an_accepted_block():
 
 
 def test_streamer_gets_prompt_then_every_new_token():
-    class Collect:
-        def __init__(self):
-            self.chunks = []
-
-        def put(self, value):
-            self.chunks.append(value.reshape(-1).tolist())
-
-        def end(self):
-            self.chunks.append("end")
-
     model = stories_model()
     prompt = story_prompt(model)
     streamer = Collect()

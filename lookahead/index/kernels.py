@@ -43,6 +43,15 @@ def _slot_of(h, ngram, cap):
     return np.int64(((h >> np.uint64(32)) * np.uint64(cap)) >> np.uint64(32))
 
 
+@njit(cache=True, inline="always")
+def _same_gram(tokens, end, query, query_end, ngram):
+    # tokens[end - ngram + 1 : end + 1] == query[query_end - ngram + 1 : query_end + 1]
+    for i in range(ngram):
+        if tokens[end - i] != query[query_end - i]:
+            return False
+    return True
+
+
 @njit(cache=True)
 def _insert(tokens, table, end, ngram, h):
     """Records that the `ngram`-gram ending at `end` occurred there.
@@ -58,12 +67,7 @@ def _insert(tokens, table, end, ngram, h):
             return -1
         if (value & (MAX_NGRAM - 1)) + 1 == ngram:
             other = value >> NGRAM_BITS
-            same = True
-            for i in range(ngram):
-                if tokens[other - i] != tokens[end - i]:
-                    same = False
-                    break
-            if same:
+            if _same_gram(tokens, other, tokens, end, ngram):
                 if end > other:  # keep the most recent occurrence
                     table[slot] = (end << NGRAM_BITS) | (ngram - 1)
                 return other
@@ -125,12 +129,7 @@ def _find(tokens, table, query, query_end, ngram, h):
             return -1
         if (value & (MAX_NGRAM - 1)) + 1 == ngram:
             other = value >> NGRAM_BITS
-            same = True
-            for i in range(ngram):
-                if tokens[other - i] != query[query_end - i]:
-                    same = False
-                    break
-            if same:
+            if _same_gram(tokens, other, query, query_end, ngram):
                 return other
         slot += 1
         if slot == cap:
