@@ -54,8 +54,8 @@ def generate(
     or through transformers: `model.generate(**inputs, custom_generate=lookahead.generate,
     assistant=LookupDrafter())`. Either way transformers prepares the logits processors,
     stopping criteria and config as for plain generate. On the custom_generate path
-    transformers drops `streamer` and `tokenizer`: use the direct call for streaming and
-    stop_strings.
+    transformers does not forward `streamer` (we read it from its frame) or `tokenizer`
+    (and refuses stop_strings without one): use the direct call for stop_strings.
 
     Args:
         model: a decoder-only transformers model.
@@ -82,6 +82,10 @@ def generate(
             static caches, tree=True for a family without tree support.
     """
     drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
+    prompt_streamed = False
+    if streamer is None and generation_config is not None:
+        streamer = _streamer_dropped_by_transformers()
+        prompt_streamed = streamer is not None  # transformers' generate put the prompt already
     if generation_config is None:
         # A direct call: let transformers prepare processors, stopping criteria and the config
         # exactly as for plain generate, then call us back. It drops `streamer` and
@@ -116,7 +120,7 @@ def generate(
     do_sample = bool(config.do_sample)
 
     sequence = input_ids[0].tolist()
-    if streamer is not None:
+    if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
     sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware and not use_tree else None
@@ -239,6 +243,20 @@ def _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings,
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None
+
+
+def _streamer_dropped_by_transformers():
+    """The `streamer` a user passed to model.generate(custom_generate=...), which transformers does not forward.
+
+    Read from transformers' generate frame, our caller; None if the caller is anything else.
+    """
+    import sys
+
+    frame = sys._getframe(2)  # 0: this function, 1: generate (ours), 2: its caller
+    code = frame.f_code
+    if code.co_name != "generate" or "transformers" not in code.co_filename.replace("\\", "/"):
+        return None
+    return frame.f_locals.get("streamer")
 
 
 def _emit(streamer, tokens: list[int]) -> None:

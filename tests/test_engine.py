@@ -125,6 +125,16 @@ def test_streamer_gets_prompt_then_every_new_token():
     assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
 
 
+def test_streamer_works_through_custom_generate_too():
+    model = stories_model()
+    prompt = story_prompt(model)
+    streamer = Collect()
+    out = model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(),
+                         max_new_tokens=30, do_sample=False, streamer=streamer)
+    assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
+    assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
+
+
 def test_tree_support_by_family():
     assert [f for f in FAMILIES if _tree_supported(tiny_model(f))] == TREE_FAMILIES
 
