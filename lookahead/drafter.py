@@ -174,7 +174,8 @@ class LookupDrafter(TransformersAssistant):
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
-        self.eos_token_ids = _as_id_set(eos_token_id)
+        self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
+        self.eos_token_ids = self.eos_option
         self.stats = DraftStats()
 
     @property

@@ -114,6 +114,7 @@ def generate(
     prompt_len = input_ids.shape[1]
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     eos = _eos_set(config)
+    drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings needs tokenizer= to decode the generated tokens")

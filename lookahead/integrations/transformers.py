@@ -44,7 +44,7 @@ class TransformersAssistant:
     """Mixin: makes a drafter usable as `assistant_model=` in transformers 5.x generate().
 
     The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(max_tokens) -> Draft`,
-    `num_draft_tokens`, `eos_token_ids` and `stats` (a DraftStats).
+    `num_draft_tokens`, `eos_option` / `eos_token_ids` and `stats` (a DraftStats).
     """
 
     _target_vocab_size: int | None = None
@@ -96,7 +96,7 @@ class TransformersAssistant:
             )
         new_request = "cache" not in kwargs or input_ids.shape[1] <= self._indexed
         if new_request:
-            self.eos_token_ids = _eos_ids(generation_config, self.eos_token_ids)
+            self.eos_token_ids = _eos_ids(generation_config, self.eos_option)
             self.reset(input_ids[0])
         else:
             verified = input_ids[0, self._indexed :]
