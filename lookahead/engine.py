@@ -174,8 +174,12 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
     device = model.device
     block = torch.tensor([tokens], device=device)
     is_chain = all(parents[i] == i - 1 for i in range(1, u + n))
+    # Logits only where the walk reads them: the last uncached token and the draft nodes
+    # (a prompt's logits over a large vocabulary would cost more than the forward pass).
+    keep = {"logits_to_keep": n + 1} if model._supports_logits_to_keep() else {}
+    first = u - 1 if keep else 0  # block index of logits row 0
     if is_chain:
-        out = model(input_ids=block, cache=cache, use_cache=True)
+        out = model(input_ids=block, cache=cache, use_cache=True, **keep)
     else:
         # visible[i, j]: block token j is token i or one of its ancestors
         visible = torch.zeros((u + n, u + n), dtype=torch.bool)
@@ -188,7 +192,7 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
         mask = torch.zeros((1, 1, u + n, cached + u + n), dtype=dtype, device=device)
         mask[0, 0, :, cached:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)
         positions = torch.tensor([[cached + d for d in depth]], device=device)
-        out = model(input_ids=block, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions)
+        out = model(input_ids=block, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions, **keep)
     logits = out.logits[0].float()
 
     children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, u + n)}
@@ -196,7 +200,7 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
     while True:
         node = path[-1]
         context = sequence + [tokens[i] for i in path[1:]]
-        choice = _choose(processors, torch.tensor([context], device=device), logits[node], do_sample)
+        choice = _choose(processors, torch.tensor([context], device=device), logits[node - first], do_sample)
         child = children.get((node, choice))
         if child is None:
             break
