@@ -17,7 +17,6 @@ is sampling from the model.
 
 import functools
 
-import numpy as np
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
@@ -125,14 +124,12 @@ def generate(
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
     sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware and not use_tree else None
-    whole = Draft.chain(np.zeros(0, dtype=np.int64))
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         while True:
             budget = max_len - len(sequence) - 1  # the step's own token takes the last place
-            draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget)
+            whole = draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget)
             if sizer is not None and len(draft):
-                whole = draft
                 draft = draft.prefix(sizer.size(draft.match_len, len(draft)))
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample)
             if sizer is not None and len(whole):
