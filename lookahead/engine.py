@@ -27,7 +27,7 @@ from lookahead.drafter import Draft, LookupDrafter
 from lookahead.integrations.transformers import UnsupportedGenerationError
 
 # Families whose attention applies a custom 4D mask and whose cache layers can be gathered.
-TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3", "qwen3"}
+TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3"}  # each tested for exact tree verification
 
 
 def generate(
