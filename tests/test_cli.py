@@ -116,3 +116,22 @@ def test_bench_forced_model_is_exact_on_a_tiny_shape(monkeypatch, capsys):
     assert code["greedy"]["tau"] == pytest.approx(41 / 41, rel=0.05)  # one token per forward (prefill included)
     assert code["lookahead (transformers loop)"]["tau"] > 2  # the edited file is mostly copied
     assert code["lookahead engine, tree"]["tau"] > 2
+
+
+def test_replay_tree_keeps_at_least_what_the_chain_keeps(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    rows = [{"prompt_token_ids": rng.integers(0, 5, 200).tolist(), "generated_token_ids": rng.integers(0, 5, 100).tolist()} for _ in range(3)]
+    path = write_trace(tmp_path, rows)
+    taus = {}
+    for flags in ([], ["--tree"], ["--no-memory"]):
+        assert main(["replay", str(path), "--json", *flags]) == 0
+        (result,) = json.loads(capsys.readouterr().out)["results"]
+        taus[" ".join(flags)] = result["tau"]
+        assert ("tree<=64" in result["drafter"]) == ("--tree" in flags)
+        assert ("no-memory" in result["drafter"]) == ("--no-memory" in flags)
+    assert taus["--tree"] >= taus[""]
+
+
+def test_replay_bad_max_nodes(tmp_path, capsys):
+    assert main(["replay", str(write_trace(tmp_path, [REPEATING])), "--tree", "--max-nodes", "0"]) == 2
+    assert "--max-nodes" in capsys.readouterr().err
