@@ -31,7 +31,7 @@ _LICENSES = Path("/usr/share/common-licenses")
 
 
 @dataclass(frozen=True)
-class Request:
+class ForcedRequest:
     prompt: list[int]
     reference: list[int]  # the output the model is forced to write, EOS included
 
@@ -108,10 +108,10 @@ def make_workloads(*, requests: int) -> dict[str, list[tuple[str, str]]]:
     return workloads
 
 
-def encode(bpe, pairs: list[tuple[str, str]], max_output_tokens: int) -> list[Request]:
+def encode(bpe, pairs: list[tuple[str, str]], max_output_tokens: int) -> list[ForcedRequest]:
     """Token ids of (prompt, reference) pairs; each reference cut to max_output_tokens and ended by EOS."""
     eos = bpe.token_to_id(EOS)
-    return [Request(bpe.encode(p).ids, bpe.encode(o).ids[:max_output_tokens] + [eos]) for p, o in pairs]
+    return [ForcedRequest(bpe.encode(p).ids, bpe.encode(o).ids[:max_output_tokens] + [eos]) for p, o in pairs]
 
 
 def token_stream(bpe, length: int) -> list[int]:

@@ -1,7 +1,6 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
 import threading
-import zipfile
 
 import numpy as np
 import pytest
