@@ -321,6 +321,8 @@ def _as_id_set(token_id) -> frozenset[int]:
 def _cut_at_eos(token_ids: np.ndarray, eos_token_ids: frozenset[int]) -> np.ndarray:
     # A draft stops before an EOS: the model's own token after the accepted prefix is the
     # EOS anyway when it agrees, so drafting it would win nothing.
+    if not eos_token_ids:
+        return token_ids
     for i, token in enumerate(token_ids.tolist()):
         if token in eos_token_ids:
             return token_ids[:i]
