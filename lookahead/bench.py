@@ -8,6 +8,7 @@ workload's reference (see workloads.FollowReference). `--model` runs a real mode
 
 import json
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -250,7 +251,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     from lookahead.replay import Request, replay_lookahead
 
     bpe = wl.tokenizer()
-    root = Path(__import__("sysconfig").get_paths()["stdlib"])
+    root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and 3000 <= p.stat().st_size <= 30000)
     files = files[: 150 if quick else 1500]
     docs = [np.asarray(bpe.encode(p.read_text(errors="ignore")).ids, dtype=np.int64) for p in tqdm(files, desc="tokenizing", file=sys.stderr, leave=False)]

@@ -12,7 +12,7 @@ import ahocorasick
 import numpy as np
 
 from lookahead.index.token_index import _as_token_array
-from lookahead.store import SEPARATOR, TokenStore
+from lookahead.store import TokenStore, as_sequence
 
 DEFAULT_KEY_NGRAM = 12  # documents are found through shared 12-token runs
 DEFAULT_STRIDE = 4  # a key at every 4th position: any shared run of 12 + 4 - 1 = 15 tokens is found
@@ -71,9 +71,7 @@ class DocumentLibrary:
 
     def add(self, token_ids) -> None:
         """Adds one document (1-D token ids)."""
-        ids = _as_token_array(token_ids)
-        if ids.size and int(ids.max()) >= SEPARATOR:
-            raise ValueError(f"token ids must be < {SEPARATOR}, got {int(ids.max())}")
+        ids = as_sequence(token_ids)
         if ids.size == 0:
             return
         doc = len(self.documents)

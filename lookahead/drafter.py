@@ -228,9 +228,10 @@ class LookupDrafter(TransformersAssistant):
         match_len, end = self.index.longest_match()
         token_ids = None
         if match_len < self.max_ngram:  # else no store can match longer
+            recent = self._recent()
             for store in self._stores():
                 if store is not None and len(store):
-                    store_len, store_ids = store.propose(self._recent(), limit)
+                    store_len, store_ids = store.propose(recent, limit)
                     if store_len > match_len and store_ids.shape[0]:
                         match_len, token_ids = store_len, store_ids
         if match_len == 0:

@@ -20,6 +20,14 @@ _VERSION = 1
 _NOTHING = np.zeros(0, dtype=np.int64)
 
 
+def as_sequence(token_ids) -> np.ndarray:
+    """Validates a stored sequence: 1-D token ids below SEPARATOR; int64 numpy."""
+    ids = _as_token_array(token_ids)
+    if ids.size and int(ids.max()) >= SEPARATOR:
+        raise ValueError(f"token ids must be < {SEPARATOR} (reserved as the separator), got {int(ids.max())}")
+    return ids
+
+
 class StoreFileError(ValueError):
     """A saved store that cannot be loaded: corrupt, truncated, foreign or of another version."""
 
@@ -66,9 +74,7 @@ class TokenStore:
 
     def add(self, token_ids) -> None:
         """Appends one sequence (1-D token ids, each < 2**31 - 1)."""
-        ids = _as_token_array(token_ids)
-        if ids.size and int(ids.max()) >= SEPARATOR:
-            raise ValueError(f"token ids must be < {SEPARATOR} (reserved as the separator), got {int(ids.max())}")
+        ids = as_sequence(token_ids)
         if ids.size == 0:
             return
         ids = ids[-(self.max_tokens - 1) :]  # a sequence longer than the store keeps its end
