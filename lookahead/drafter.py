@@ -7,6 +7,7 @@ import numpy as np
 
 from lookahead.documents import DocumentLibrary
 from lookahead.index import TokenIndex
+from lookahead.index.trie import DraftTrie
 from lookahead.store import TokenStore
 from lookahead.integrations.transformers import TransformersAssistant
 
@@ -16,9 +17,14 @@ DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_DRAFT_FACTOR = 3.0
 DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
+# Candidate weights (see LookupDrafter._fill_trie), measured with `lookahead replay --tree`.
+MATCH_WEIGHT = 2.0  # per matched token: a longer match outweighs two shorter ones
+STORE_WEIGHT = 0.5  # a store's match counts as one token shorter than the request's own
+SUBSTITUTION_WEIGHT = 0.25  # a substitution counts as two tokens shorter
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
+_ZERO = np.zeros(1, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -107,13 +113,18 @@ class DraftStats:
 
 
 class LookupDrafter(TransformersAssistant):
-    """Drafts what followed the current suffix the last time it occurred.
+    """Drafts what followed the current suffix where it occurred before.
 
     Pass it to transformers as `model.generate(**inputs, assistant_model=LookupDrafter())`:
     outputs are token for token those of `model.generate(**inputs)` (greedy) or sampled
     from the same distribution (`do_sample=True`). It indexes the prompt and every
     verified token, never rejected drafts; it can also copy from reference documents
     (`add_document`) and from what earlier requests wrote (`memory`).
+
+    Each draft merges the continuations of many earlier occurrences into a weighted trie
+    (`_fill_trie`): longer matches weigh more, agreeing occurrences add up, and after a
+    token the model replaced, copying resumes where it left off. A chain is the
+    trie's heaviest path, a tree its heaviest nodes.
 
     Lifecycle (what a verification loop calls): `reset(prompt_ids)`, then per step
     `propose(max_tokens)` (or `propose_tree`) and `extend(verified_ids)`; `stats`
@@ -128,11 +139,11 @@ class LookupDrafter(TransformersAssistant):
         memory: what earlier requests wrote: True (default) for a private TokenStore of
             DEFAULT_MEMORY_TOKENS tokens, a TokenStore to share one between drafters (and
             threads), False for none. Each request's prompt and output are added to it when
-            the next request starts; its drafts are used only where the request's own
-            context matches a shorter suffix.
+            the next request starts; its continuations weigh as much as the request's
+            own for a match one token shorter.
         documents: a DocumentLibrary of reference documents (an empty private one if not
             given; see add_document). Each request consults those sharing text with its
-            prompt. Preferred over memory, after the request's own context.
+            prompt. Weighed like memory; preferred to it on ties.
         eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
             from the generation config).
 
@@ -168,14 +179,16 @@ class LookupDrafter(TransformersAssistant):
             raise TypeError(f"documents must be a lookahead.DocumentLibrary, got {type(documents).__name__}")
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
-        self.tree_width = 8  # occurrences of the matched suffix a tree branches to
-        self.tree_walk = 64  # occurrences examined to find them
+        self.walk = 64  # occurrences of the current suffix examined per draft
+        self.substitution_walk = 16  # occurrences of the suffix without its last token
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
+        self._trie = DraftTrie()  # rebuilt by every propose
+        self._eos_ids = None  # the eos_token_ids the trie's eos array was built from
         self.stats = DraftStats()
 
     @property
@@ -218,61 +231,64 @@ class LookupDrafter(TransformersAssistant):
     def propose(self, max_tokens: int | None = None) -> Draft:
         """Drafts a chain of up to `max_tokens` (default num_draft_tokens) tokens.
 
-        The anchor is the longest matching suffix: in the request's own context, else in
-        the documents, else in memory (ties go to that order).
-        Cost: one index query per source plus a copy of the draft; independent of lengths.
+        The chain is the heaviest path of the candidate trie (see `_fill_trie`): where
+        candidates disagree, the continuation of longer and more frequent matches wins;
+        among equals the request's own most recent occurrence. A draft anchored on an
+        m-token match has at most ceil(draft_factor * m) tokens.
+        Cost: O(walk * max_ngram) to find anchors, O(walk * max_tokens) to merge them.
         """
         limit = self._limit(max_tokens)
         if limit == 0:
             return EMPTY_DRAFT
-        match_len, end = self.index.longest_match()
-        token_ids = None
-        if match_len < self.max_ngram:  # else no store can match longer
+        anchor = self._fill_trie(limit)
+        token_ids = self._trie.path(min(limit, math.ceil(self.draft_factor * anchor)))
+        return Draft.chain(token_ids, anchor) if token_ids.shape[0] else EMPTY_DRAFT
+
+    def propose_tree(self, max_tokens: int | None = None, *, max_nodes: int = 64) -> Draft:
+        """Drafts a tree of at most `max_nodes` nodes, branches up to `max_tokens` deep.
+
+        The nodes are the `max_nodes` heaviest of the candidate trie: the expected
+        accepted tokens are highest for them under the trie's weights. Parents precede
+        children; `propose`'s chain is the heaviest path (cut by draft_factor there, not here).
+        """
+        limit = self._limit(max_tokens)
+        if limit == 0 or max_nodes < 1:
+            return EMPTY_DRAFT
+        anchor = self._fill_trie(limit)
+        token_ids, parents = self._trie.tree(max_nodes)
+        return Draft(token_ids, parents, anchor) if token_ids.shape[0] else EMPTY_DRAFT
+
+    def _fill_trie(self, depth: int) -> int:
+        """Rebuilds the candidate trie; returns the longest anchor (0: no candidate).
+
+        Candidates are what followed, up to `depth` tokens:
+        - each of the `walk` most recent occurrences of the current suffix in the request
+          (and its longest match wherever it is), weighted MATCH_WEIGHT ** (match length);
+        - substitutions: the `substitution_walk` most recent occurrences of the suffix
+          without its last token (>= 2 tokens matched), continued one token later: the
+          model replaced one token and goes on copying (an edited line, a paraphrased
+          word). Weighted SUBSTITUTION_WEIGHT as much;
+        - the stores' longest matches (documents, then memory), weighted STORE_WEIGHT as much.
+        Ties between equal weights go to the earlier added: the most recent occurrence.
+        """
+        trie = self._trie
+        trie.clear()
+        if self.eos_token_ids is not self._eos_ids:
+            self._eos_ids = self.eos_token_ids
+            trie.eos = np.fromiter(sorted(self._eos_ids), dtype=np.int64)
+        anchor, substituted = trie.add_suffix_candidates(
+            self.index, depth, walk=self.walk, substitution_walk=self.substitution_walk,
+            match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT,
+        )
+        if anchor < self.max_ngram - 1:  # else no store's match can outweigh it
             recent = self._recent()
             for store in self._stores():
                 if store is not None and len(store):
-                    store_len, store_ids = store.propose(recent, limit)
-                    if store_len > match_len and store_ids.shape[0]:
-                        match_len, token_ids = store_len, store_ids
-        if match_len == 0:
-            return EMPTY_DRAFT
-        limit = min(limit, math.ceil(self.draft_factor * match_len))
-        token_ids = self.index.continuation(end, limit) if token_ids is None else token_ids[:limit]
-        token_ids = _cut_at_eos(token_ids, self.eos_token_ids)
-        if token_ids.shape[0] == 0:
-            return EMPTY_DRAFT
-        return Draft.chain(token_ids, match_len)
-
-    def propose_tree(self, max_tokens: int | None = None, *, max_nodes: int = 64) -> Draft:
-        """Drafts a tree: the chain of `propose` plus the continuations of other anchors.
-
-        Other anchors are the most recent occurrences of each shorter matching suffix (often
-        elsewhere in the context) and the stores' best matches. Branches are merged where
-        they agree; at most `max_nodes` nodes; parents precede children. The first
-        root-to-leaf path is `propose`'s chain.
-        """
-        limit = self._limit(max_tokens)
-        chain = self.propose(max_tokens)
-        if limit == 0 or len(chain) == 0:
-            return chain
-        branches = [chain.token_ids]
-        anchors = [(int(end), int(length)) for end, length in self.index.occurrences(self.tree_width, self.tree_walk)]
-        ends = self.index.match_ends()  # shorter suffixes' most recent occurrences may lie elsewhere
-        anchors += [(int(ends[g]), g) for g in range(self.max_ngram, self.min_ngram - 1, -1) if ends[g] >= 0]
-        seen = set()
-        for end, length in anchors:
-            if end in seen:
-                continue
-            seen.add(end)
-            depth = min(limit, math.ceil(self.draft_factor * length))
-            branches.append(_cut_at_eos(self.index.continuation(end, depth), self.eos_token_ids))
-        for store in self._stores():
-            if store is not None and len(store):
-                length, ids = store.propose(self._recent(), limit)
-                if length:
-                    depth = min(limit, math.ceil(self.draft_factor * length))
-                    branches.append(_cut_at_eos(ids[:depth], self.eos_token_ids))
-        return _merge_branches(branches, max_nodes, chain.match_len)
+                    length, ids = store.propose(recent, depth)
+                    if length and ids.shape[0]:
+                        trie.add(ids, _ZERO, np.array([STORE_WEIGHT * MATCH_WEIGHT**length]), depth)
+                        anchor = max(anchor, length)
+        return max(anchor, substituted) if len(trie) else 0
 
     def _recent(self) -> np.ndarray:
         # The last max_ngram tokens, int64: the query a store matches.
@@ -283,25 +299,6 @@ class LookupDrafter(TransformersAssistant):
 
     def _stores(self):
         return (self._document_store, self.memory)
-
-
-def _merge_branches(branches: list[np.ndarray], max_nodes: int, match_len: int) -> Draft:
-    """A trie of token paths, filled in priority order until max_nodes; parents precede children."""
-    tokens, parents = [], []
-    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-    for branch in branches:
-        node = -1
-        for token in branch.tolist():
-            child = children.get((node, token))
-            if child is None:
-                if len(tokens) == max_nodes:
-                    break
-                child = len(tokens)
-                children[(node, token)] = child
-                tokens.append(token)
-                parents.append(node)
-            node = child
-    return Draft(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), match_len)
 
 
 def _as_id_set(token_id) -> frozenset[int]:
@@ -317,14 +314,3 @@ def _as_id_set(token_id) -> frozenset[int]:
     if not all(isinstance(t, (int, np.integer)) for t in ids):
         raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_id!r}")
     return frozenset(int(t) for t in ids)
-
-
-def _cut_at_eos(token_ids: np.ndarray, eos_token_ids: frozenset[int]) -> np.ndarray:
-    # A draft stops before an EOS: the model's own token after the accepted prefix is the
-    # EOS anyway when it agrees, so drafting it would win nothing.
-    if not eos_token_ids:
-        return token_ids
-    for i, token in enumerate(token_ids.tolist()):
-        if token in eos_token_ids:
-            return token_ids[:i]
-    return token_ids

@@ -10,3 +10,48 @@ def longest_match(tokens, min_ngram, max_ngram):
             if list(tokens[end - ngram + 1 : end + 1]) == suffix:
                 return ngram, end
     return 0, -1
+
+
+def trie_weights(candidates, eos=()):
+    """{path (tuple of tokens): summed weight} over candidates (token list, weight), each cut before an EOS."""
+    weights = {}
+    for tokens, weight in candidates:
+        path = ()
+        for token in tokens:
+            if token in eos:
+                break
+            path += (token,)
+            weights[path] = weights.get(path, 0.0) + weight
+    return weights
+
+
+def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale):
+    """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force."""
+    tokens = list(tokens)
+    n = len(tokens)
+    if n < 2:
+        return []
+
+    def agree(end, query_end):  # trailing tokens equal at end and query_end, at most max_ngram
+        m = 0
+        while m < max_ngram and m <= end and tokens[end - m] == tokens[query_end - m]:
+            m += 1
+        return m
+
+    def occurrences(query_end):  # earlier ends of the min_ngram-gram ending at query_end, most recent first
+        gram = tokens[query_end - min_ngram + 1 : query_end + 1]
+        if query_end < min_ngram - 1:
+            return []
+        return [e for e in range(query_end - 1, min_ngram - 2, -1) if tokens[e - min_ngram + 1 : e + 1] == gram]
+
+    candidates = []
+    walked = [(e, agree(e, n - 1)) for e in occurrences(n - 1)[:walk]]
+    candidates += [(tokens[e + 1 : e + 1 + depth], match_weight**m) for e, m in walked]
+    length, end = longest_match(tokens, min_ngram, max_ngram)
+    if length and max((m for _, m in walked), default=0) < length:
+        candidates.append((tokens[end + 1 : end + 1 + depth], match_weight**length))
+    for e in occurrences(n - 2)[:substitution_walk]:
+        m = agree(e, n - 2)
+        if m >= 2:
+            candidates.append((tokens[e + 2 : e + 2 + depth], substitution_scale * match_weight**m))
+    return candidates

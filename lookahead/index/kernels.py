@@ -3,6 +3,7 @@
 Layout shared by every kernel (owned and grown by `TokenIndex`):
 
     tokens  int32[cap_tokens]  # tokens[pos] = token id at position pos; valid for pos < n
+    prev    int32[cap_tokens]  # prev[end] = previous end of the min_ngram-gram ending at end (-1: none); for end <= n - 2
     table   int32[cap_slots]   # open addressing, linear probing; EMPTY or (end_pos << NGRAM_BITS) | (ngram - 1)
 
 Invariant: for every ngram length `g` in [min_ngram, max_ngram] and every end position
@@ -164,43 +165,6 @@ def match_ends(tokens, table, query, query_len, min_ngram, max_ngram, ends):
 
 
 @njit(cache=True)
-def best_occurrences(tokens, prev, query, query_len, first_end, max_ngram, max_walk, out):
-    """The earlier occurrences of the query's last tokens with the longest matches.
-
-    Walks the prev chain from `first_end` (the most recent occurrence of the shortest
-    indexed suffix) over at most `max_walk` occurrences; for each, counts how many
-    trailing tokens agree with the query (up to max_ngram). Writes the best out.shape[0]
-    as rows (end, match length), longest first, most recent first among equals; unused
-    rows hold (-1, 0). Returns the number of rows written. Cost: O(max_walk * max_ngram).
-    """
-    rows = out.shape[0]
-    for r in range(rows):
-        out[r, 0] = -1
-        out[r, 1] = 0
-    found = 0
-    end = first_end
-    walked = 0
-    while end >= 0 and walked < max_walk:
-        length = 0
-        while length < max_ngram and length <= end and length < query_len and tokens[end - length] == query[query_len - 1 - length]:
-            length += 1
-        # insertion into the sorted rows: longer first; on ties the earlier-walked (more recent) stays ahead
-        r = min(found, rows)
-        while r > 0 and out[r - 1, 1] < length:
-            r -= 1
-        if r < rows:
-            for k in range(min(found, rows - 1), r, -1):
-                out[k, 0] = out[k - 1, 0]
-                out[k, 1] = out[k - 1, 1]
-            out[r, 0] = end
-            out[r, 1] = length
-            found = min(found + 1, rows)
-        end = prev[end]
-        walked += 1
-    return found
-
-
-@njit(cache=True)
 def first_invalid(ids, limit):
     """Index of the first id outside [0, limit), or -1."""
     for i in range(ids.shape[0]):
@@ -223,7 +187,4 @@ def warm_up() -> int:
     ends = np.zeros(5, dtype=np.int64)
     first_invalid(ends, 1)
     first_invalid(tokens.astype(np.int64), 1)
-    found = match_ends(tokens, bigger, tokens, tokens.shape[0], 1, 4, ends)
-    out = np.zeros((4, 2), dtype=np.int64)
-    best_occurrences(tokens, prev, tokens, tokens.shape[0], ends[1], 4, 16, out)
-    return found
+    return match_ends(tokens, bigger, tokens, tokens.shape[0], 1, 4, ends)

@@ -147,19 +147,6 @@ class TokenIndex:
         self._match(query)
         return self._ends.copy()
 
-    def occurrences(self, max_count: int = 8, max_walk: int = 64) -> np.ndarray:
-        """Earlier occurrences of the current suffix with the longest matches: rows (end, length).
-
-        Walks at most `max_walk` occurrences of the last min_ngram tokens, most recent
-        first; returns up to `max_count` rows, longest match first, then most recent.
-        Cost: O(max_walk * max_ngram), independent of the sequence length.
-        """
-        self._match(None)
-        first = int(self._ends[self.min_ngram])
-        out = np.empty((max_count, 2), dtype=np.int64)
-        found = kernels.best_occurrences(self._tokens, self._prev, self._tokens, self._n, first, self.max_ngram, max_walk, out)
-        return out[:found]
-
     def _match(self, query) -> int:
         if query is None:
             return kernels.match_ends(self._tokens, self._table, self._tokens, self._n, self.min_ngram, self.max_ngram, self._ends)

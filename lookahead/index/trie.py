@@ -1,0 +1,267 @@
+"""`DraftTrie`: weighted continuations merged into a trie; a draft tree is its heaviest nodes.
+
+Each candidate continuation (what followed one occurrence of the current suffix) adds its
+weight to every node on its path, so a node's weight is the summed weight of the
+candidates that agree with the whole path to it: an estimate of how likely the model
+writes that path. Weights only shrink along a path (a child's candidates are a subset of
+its parent's), so the `max_nodes` heaviest nodes always form a subtree, and drafting them
+maximises the expected accepted tokens under that estimate.
+
+Buffers (allocated once, grown by the class, never inside a kernel):
+
+    token   int64[cap]    # token[node]; node 0 is the root (the current sequence), token -1
+    parent  int64[cap]    # parent[node] < node; -1 for the root
+    weight  float64[cap]  # summed weight of the candidates through node
+    child   int64[cap]    # first child of node, -1 if none
+    sibling int64[cap]    # next child of the same parent, -1 if none; siblings in creation order
+"""
+
+import numpy as np
+from numba import njit
+
+from lookahead.index import kernels
+from lookahead.index.kernels import EMPTY
+
+_warmed_up = False
+
+
+@njit(cache=True, inline="always")
+def _add_path(source, start, stop, w, eos, token, parent, weight, child, sibling, count):
+    # Adds source[start:stop], cut before any token in eos, with weight w; returns the new count.
+    node = 0
+    for pos in range(start, stop):
+        t = source[pos]
+        for e in range(eos.shape[0]):
+            if eos[e] == t:
+                return count
+        c = child[node]
+        last = EMPTY  # the last sibling seen: a new child is appended after it
+        while c != EMPTY and token[c] != t:
+            last = c
+            c = sibling[c]
+        if c == EMPTY:
+            c = count
+            count += 1
+            token[c], parent[c], weight[c], child[c], sibling[c] = t, node, 0.0, EMPTY, EMPTY
+            if last == EMPTY:
+                child[node] = c
+            else:
+                sibling[last] = c
+        weight[c] += w
+        node = c
+    return count
+
+
+@njit(cache=True)
+def add_paths(source, starts, weights, depth, eos, token, parent, weight, child, sibling, count):
+    """Adds candidate i = source[starts[i] : starts[i] + depth] with weight weights[i]; returns the new count.
+
+    The caller guarantees room: count + starts.shape[0] * depth <= token.shape[0].
+    Cost: O(len(starts) * depth * branching).
+    """
+    for i in range(starts.shape[0]):
+        stop = min(starts[i] + depth, source.shape[0])
+        count = _add_path(source, starts[i], stop, weights[i], eos, token, parent, weight, child, sibling, count)
+    return count
+
+
+@njit(cache=True, inline="always")
+def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, match_weight, depth,
+                     eos, token, parent, weight, child, sibling, count, out):
+    # Walks the prev chain (kernels.index_ends) from first_end over at most `walk`
+    # occurrences of the query tokens[:query_len], most recent first. One whose last m
+    # tokens agree with the query's (min_match <= m <= max_ngram) adds
+    # tokens[end + shift : end + shift + depth] with weight scale * match_weight**m.
+    # Writes (count, longest m added, its end) to out[0:3].
+    longest, longest_end = 0, -1
+    end = first_end
+    walked = 0
+    while end >= 0 and walked < walk:
+        m = 0
+        while m < max_ngram and m <= end and m < query_len and tokens[end - m] == tokens[query_len - 1 - m]:
+            m += 1
+        if m >= min_match:
+            start = end + shift
+            count = _add_path(tokens, start, min(start + depth, n), scale * match_weight**m, eos,
+                              token, parent, weight, child, sibling, count)
+            if m > longest:
+                longest, longest_end = m, end
+        end = prev[end]
+        walked += 1
+    out[0], out[1], out[2] = count, longest, longest_end
+
+
+@njit(cache=True)
+def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, substitution_scale,
+                          match_weight, depth, eos, token, parent, weight, child, sibling, count, ends, out):
+    """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
+
+    - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
+      weighing match_weight**m for its m-token match; the longest match (the table's,
+      kernels.match_ends) is added even when the walk does not reach it.
+    - Substitutions: the `substitution_walk` most recent occurrences of the suffix
+      without its last token, matching m >= 2 tokens, continued one token later (the
+      last token replaced the one that followed them); substitution_scale * match_weight**m.
+    Writes (count, longest match, longest substitution match) to out; `ends` (max_ngram + 1,)
+    is scratch. The caller guarantees room for (walk + substitution_walk + 1) * depth nodes.
+    Cost: O((walk + substitution_walk) * (max_ngram + depth * branching)).
+    """
+    out[0], out[1], out[2] = count, 0, 0
+    if n < 2:
+        return
+    longest = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
+    if longest:
+        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, match_weight, depth,
+                         eos, token, parent, weight, child, sibling, count, out)
+        count = out[0]
+        if out[1] < longest:  # the walk stopped before it (a frequent last token)
+            start = ends[longest] + 1
+            count = _add_path(tokens, start, min(start + depth, n), match_weight**longest, eos,
+                              token, parent, weight, child, sibling, count)
+    # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
+    _add_occurrences(tokens, prev, n, n - 1, prev[n - 2], max_ngram, substitution_walk, 2, 2, substitution_scale,
+                     match_weight, depth, eos, token, parent, weight, child, sibling, count, out)
+    out[2] = out[1]
+    out[1] = longest
+
+
+@njit(cache=True)
+def heaviest_nodes(parent, weight, count, max_nodes, out_nodes):
+    """Writes the `max_nodes` heaviest non-root nodes, in creation order, to out_nodes; returns how many.
+
+    Ties go to the earlier-created node, so a parent (created before its children and at
+    least as heavy) always comes before them: the result is closed under parent.
+    """
+    if count <= 1:
+        return 0
+    order = np.argsort(-weight[1:count], kind="mergesort")  # stable: equal weights keep creation order
+    taken = min(max_nodes, count - 1)
+    chosen = np.sort(order[:taken]) + 1
+    for i in range(taken):
+        out_nodes[i] = chosen[i]
+    return taken
+
+
+@njit(cache=True)
+def heaviest_path(token, weight, child, sibling, max_len, out_ids):
+    """Follows the heaviest child from the root (ties: the earliest created); writes its tokens. Returns the length."""
+    node = 0
+    length = 0
+    while length < max_len:
+        best = EMPTY
+        c = child[node]
+        while c != EMPTY:
+            if best == EMPTY or weight[c] > weight[best]:
+                best = c
+            c = sibling[c]
+        if best == EMPTY:
+            break
+        out_ids[length] = token[best]
+        length += 1
+        node = best
+    return length
+
+
+class DraftTrie:
+    """A trie of weighted candidate continuations, rebuilt for every draft.
+
+    Example:
+        >>> trie = DraftTrie()
+        >>> source = np.array([7, 8, 9, 7, 8, 5], dtype=np.int64)
+        >>> trie.add(source, np.array([1, 4]), np.array([1.0, 3.0]), depth=2)
+        >>> trie.path(4).tolist()  # 8 (weight 4) then 5 (3) beats 9 (1)
+        [8, 5]
+        >>> ids, parents = trie.tree(max_nodes=2)
+        >>> ids.tolist(), parents.tolist()
+        ([8, 5], [-1, 0])
+    """
+
+    def __init__(self):
+        global _warmed_up
+        if not _warmed_up:
+            _warmed_up = True  # before: warm_up builds a DraftTrie itself
+            warm_up()
+        self._token = np.zeros(0, dtype=np.int64)  # (cap,) see the module docstring for all five
+        self._parent = np.zeros(0, dtype=np.int64)
+        self._weight = np.zeros(0, dtype=np.float64)
+        self._child = np.zeros(0, dtype=np.int64)
+        self._sibling = np.zeros(0, dtype=np.int64)
+        self._count = 0
+        self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
+        self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
+        self.eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
+        self._reserve(1024)
+        self.clear()
+
+    def __len__(self) -> int:
+        """Nodes, the root excluded."""
+        return self._count - 1
+
+    def clear(self) -> None:
+        self._token[0], self._parent[0], self._weight[0] = -1, -1, 0.0
+        self._child[0], self._sibling[0] = EMPTY, EMPTY
+        self._count = 1
+
+    def add(self, source: np.ndarray, starts: np.ndarray, weights: np.ndarray, depth: int) -> None:
+        """Adds the continuations source[start : start + depth], one per start (int64), with their weights (float64)."""
+        if starts.shape[0] == 0 or depth <= 0:
+            return
+        self._reserve(self._count + starts.shape[0] * depth)
+        self._count = add_paths(source, starts, weights, depth, self.eos, *self._buffers(), self._count)
+
+    def add_suffix_candidates(self, index, depth: int, *, walk: int, substitution_walk: int, match_weight: float,
+                              substitution_scale: float) -> tuple[int, int]:
+        """Adds the continuations of the index's current suffix (see add_suffix_candidates).
+
+        Returns (longest match, longest substitution match); 0 where none.
+        """
+        self._reserve(self._count + (walk + substitution_walk + 1) * max(depth, 0))
+        add_suffix_candidates(
+            index._tokens, index._prev, index._table, len(index), index.min_ngram, index.max_ngram, walk, substitution_walk,
+            substitution_scale, match_weight, depth, self.eos, *self._buffers(), self._count, self._ends, self._out,
+        )
+        self._count = int(self._out[0])
+        return int(self._out[1]), int(self._out[2])
+
+    def path(self, max_len: int) -> np.ndarray:
+        """The heaviest root path, at most max_len tokens (int64)."""
+        out = np.empty(max(max_len, 0), dtype=np.int64)
+        return out[: heaviest_path(self._token, self._weight, self._child, self._sibling, max_len, out)]
+
+    def tree(self, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, parent indices) of the max_nodes heaviest nodes; parents precede children, -1 is the root."""
+        nodes = np.empty(max(max_nodes, 0), dtype=np.int64)
+        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_nodes, nodes)]
+        slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
+        slot[nodes] = np.arange(nodes.shape[0])
+        return self._token[nodes], slot[self._parent[nodes]]
+
+    def _buffers(self):
+        return self._token, self._parent, self._weight, self._child, self._sibling
+
+    def _reserve(self, capacity: int) -> None:
+        if capacity <= self._token.shape[0]:
+            return
+        capacity = max(capacity, 2 * self._token.shape[0])
+        for name in ("_token", "_parent", "_child", "_sibling", "_weight"):
+            old = getattr(self, name)
+            grown = np.zeros(capacity, dtype=old.dtype)
+            grown[: old.shape[0]] = old
+            setattr(self, name, grown)
+
+
+def warm_up() -> int:
+    """Compiles every kernel here on a small real input; returns the tree size (4 when all ran).
+
+    The sources are int32 (an index's tokens) and int64 (a store's continuation).
+    """
+    from lookahead.index import TokenIndex
+
+    index = TokenIndex(min_ngram=1, max_ngram=4)
+    index.extend([4, 5, 4, 6, 9, 4])
+    trie = DraftTrie()
+    trie.add_suffix_candidates(index, 2, walk=4, substitution_walk=4, match_weight=2.0, substitution_scale=0.5)
+    trie.add(np.array([4, 7, 8], dtype=np.int64), np.array([1]), np.array([1.0]), 2)
+    trie.add(index._tokens, np.array([1]), np.array([1.0]), 2)
+    trie.path(2)
+    return trie.tree(4)[0].shape[0]

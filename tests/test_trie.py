@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead import TokenIndex
+from lookahead.index import trie as trie_module
+from lookahead.index.trie import DraftTrie
+from tests import reference
+
+
+def test_warm_up_compiles_every_kernel():
+    assert trie_module.warm_up() == 4
+    for kernel in (trie_module.add_paths, trie_module.add_suffix_candidates, trie_module.heaviest_nodes, trie_module.heaviest_path):
+        assert kernel.signatures, f"{kernel.__name__} was not compiled"
+
+
+def node_weights(trie: DraftTrie) -> dict:
+    """{path from the root: weight} of every node of the trie."""
+    ids, parents = trie.tree(len(trie))  # all nodes, in creation order: draft node i is trie node i + 1
+    paths = []
+    for token, parent in zip(ids.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return {path: float(trie._weight[i + 1]) for i, path in enumerate(paths)}
+
+
+candidate_lists = st.lists(
+    st.tuples(st.lists(st.integers(0, 3), min_size=0, max_size=6), st.sampled_from([0.25, 1.0, 2.0, 4.0])),
+    min_size=0,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_nodes=st.integers(1, 40))
+def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_nodes):
+    trie = DraftTrie()
+    trie.eos = np.array(eos, dtype=np.int64)
+    for tokens, weight in candidates:  # one at a time from its own source, as stores are added
+        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), depth)
+    expected = reference.trie_weights([(tokens[:depth], w) for tokens, w in candidates], eos)
+    assert node_weights(trie) == pytest.approx(expected)
+    assert trie.tree(len(trie) + 5)[0].shape[0] == len(expected)
+    # tree(): the max_nodes heaviest, closed under parent, parents first
+    ids, parents = trie.tree(max_nodes)
+    assert ids.shape[0] == min(max_nodes, len(expected))
+    assert all(p < i for i, p in enumerate(parents.tolist()))
+    paths = []
+    for token, parent in zip(ids.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    assert len(set(paths)) == len(paths) and all(path in expected for path in paths)
+    chosen = sorted((expected[p] for p in paths), reverse=True)
+    assert chosen == sorted(expected.values(), reverse=True)[: len(paths)]
+    # path(): the heaviest child at each level
+    path = tuple(trie.path(depth).tolist())
+    for i in range(len(path)):
+        siblings = [p for p in expected if len(p) == i + 1 and p[:i] == path[:i]]
+        assert expected[path[: i + 1]] == max(expected[p] for p in siblings)
+    assert not [p for p in expected if len(p) == len(path) + 1 and p[:-1] == path]  # it ends at a leaf
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 3), min_size=0, max_size=60),
+    min_ngram=st.integers(1, 3),
+    walk=st.sampled_from([1, 3, 100]),
+    substitution_walk=st.sampled_from([0, 2, 100]),
+    depth=st.integers(1, 5),
+)
+def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth):
+    index = TokenIndex(min_ngram=min_ngram, max_ngram=4)
+    index.extend(tokens)
+    trie = DraftTrie()
+    longest, substituted = trie.add_suffix_candidates(
+        index, depth, walk=walk, substitution_walk=substitution_walk, match_weight=2.0, substitution_scale=0.25
+    )
+    candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25)
+    assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates))
+    assert longest == reference.longest_match(tokens, min_ngram, 4)[0]
