@@ -24,7 +24,8 @@ SUBSTITUTION_WEIGHT = 0.25  # a substitution counts as two tokens shorter
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
-_ZERO = np.zeros(1, dtype=np.int64)
+_CHAIN_PARENTS = np.arange(256, dtype=np.int64) - 1  # [-1, 0, 1, ...]: shared, read-only
+_CHAIN_PARENTS.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class Draft:
 
     @classmethod
     def chain(cls, token_ids: np.ndarray, match_len: int = 0) -> "Draft":
-        return cls(token_ids, np.arange(token_ids.shape[0], dtype=np.int64) - 1, match_len)
+        n = token_ids.shape[0]
+        parents = _CHAIN_PARENTS[:n] if n <= _CHAIN_PARENTS.shape[0] else np.arange(n, dtype=np.int64) - 1
+        return cls(token_ids, parents, match_len)
 
     def prefix(self, num_nodes: int) -> "Draft":
         """The first `num_nodes` nodes (a chain's first tokens; parents precede children, so a subtree)."""
@@ -179,8 +182,10 @@ class LookupDrafter(TransformersAssistant):
             raise TypeError(f"documents must be a lookahead.DocumentLibrary, got {type(documents).__name__}")
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
-        self.walk = 64  # occurrences of the current suffix examined per draft
-        self.substitution_walk = 16  # occurrences of the suffix without its last token
+        # Occurrences examined per draft, (of the suffix, of the suffix without its last token):
+        # a chain needs the few best; a tree's extra branches come from the rest.
+        self.chain_walk = (8, 4)
+        self.tree_walk = (64, 16)
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
@@ -240,7 +245,7 @@ class LookupDrafter(TransformersAssistant):
         limit = self._limit(max_tokens)
         if limit == 0:
             return EMPTY_DRAFT
-        anchor = self._fill_trie(limit)
+        anchor = self._fill_trie(limit, *self.chain_walk)
         token_ids = self._trie.path(min(limit, math.ceil(self.draft_factor * anchor)))
         return Draft.chain(token_ids, anchor) if token_ids.shape[0] else EMPTY_DRAFT
 
@@ -254,11 +259,11 @@ class LookupDrafter(TransformersAssistant):
         limit = self._limit(max_tokens)
         if limit == 0 or max_nodes < 1:
             return EMPTY_DRAFT
-        anchor = self._fill_trie(limit)
+        anchor = self._fill_trie(limit, *self.tree_walk)
         token_ids, parents = self._trie.tree(max_nodes)
         return Draft(token_ids, parents, anchor) if token_ids.shape[0] else EMPTY_DRAFT
 
-    def _fill_trie(self, depth: int) -> int:
+    def _fill_trie(self, depth: int, walk: int, substitution_walk: int) -> int:
         """Rebuilds the candidate trie; returns the longest anchor (0: no candidate).
 
         Candidates are what followed, up to `depth` tokens:
@@ -277,22 +282,17 @@ class LookupDrafter(TransformersAssistant):
             self._eos_ids = self.eos_token_ids
             trie.eos = np.fromiter(sorted(self._eos_ids), dtype=np.int64)
         anchor, substituted = trie.add_suffix_candidates(
-            self.index, depth, walk=self.walk, substitution_walk=self.substitution_walk,
+            self.index, depth, walk=walk, substitution_walk=substitution_walk,
             match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT,
         )
         if anchor < self.max_ngram - 1:  # else no store's match can outweigh it
-            recent = self._recent()
+            n = len(self.index)
+            recent = self.index._tokens[max(n - self.max_ngram, 0) : n]  # the suffix a store matches (a view)
             for store in self._stores():
                 if store is not None and len(store):
-                    length, ids = store.propose(recent, depth)
-                    if length and ids.shape[0]:
-                        trie.add(ids, _ZERO, np.array([STORE_WEIGHT * MATCH_WEIGHT**length]), depth)
-                        anchor = max(anchor, length)
+                    length = store.add_continuation(trie, recent, depth, match_weight=MATCH_WEIGHT, scale=STORE_WEIGHT)
+                    anchor = max(anchor, length)
         return max(anchor, substituted) if len(trie) else 0
-
-    def _recent(self) -> np.ndarray:
-        # The last max_ngram tokens, int64: the query a store matches.
-        return self.index.tokens[-self.max_ngram :].astype(np.int64)
 
     def _limit(self, max_tokens: int | None) -> int:
         return max(0, self.num_draft_tokens if max_tokens is None else min(max_tokens, self.num_draft_tokens))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.index import TokenIndex
+from lookahead.index import TokenIndex, kernels
 from lookahead.index.token_index import _as_token_array
 
 SEPARATOR = 2**31 - 1  # ends every sequence: no gram spans two sequences, none ends at the last position
@@ -97,8 +97,18 @@ class TokenStore:
             if length == 0:
                 return 0, _NOTHING
             tokens = self._index.continuation(end, max_tokens)
-        stop = np.flatnonzero(tokens == SEPARATOR)
-        return length, tokens[: stop[0]] if stop.size else tokens
+        stop = kernels.first_invalid(tokens, SEPARATOR)  # the first id >= SEPARATOR: the sequence's end
+        return length, tokens[:stop] if stop >= 0 else tokens
+
+    def add_continuation(self, trie, query: np.ndarray, depth: int, *, match_weight: float, scale: float) -> int:
+        """Adds to a DraftTrie what `propose(query, depth)` would return, weighted
+        scale * match_weight**m for an m-token match; returns m (0: nothing added).
+
+        `query`: 1-D int32 or int64 numpy token ids. One kernel call under the lock: the
+        per-step path of a drafter.
+        """
+        with self._lock:
+            return trie.add_longest_match(self._index, query, depth, match_weight=match_weight, scale=scale, stop_token=SEPARATOR)
 
     def _evict(self, room: int) -> None:
         # Keep the newest sequences that fit in half the cap (and leave `room`).

@@ -35,6 +35,26 @@ def test_store_matches_brute_force_over_random_sequences():
         assert got == expected
 
 
+def test_add_continuation_adds_what_propose_returns_to_a_trie():
+    from lookahead.index.trie import DraftTrie
+
+    rng = np.random.default_rng(1)
+    store = TokenStore(min_ngram=1, max_ngram=4)
+    for _ in range(20):
+        store.add(rng.integers(0, 5, rng.integers(1, 12)))
+    trie = DraftTrie()
+    for _ in range(100):
+        query = rng.integers(0, 5, 4)
+        trie.clear()
+        length = store.add_continuation(trie, query.astype(np.int32), 6, match_weight=2.0, scale=0.5)
+        expected_length, expected = store.propose(query, 6)
+        assert length == expected_length
+        assert trie.path(6).tolist() == expected.tolist()  # one path: the continuation, cut at the separator
+        assert len(trie) == expected.shape[0]
+        if len(trie):
+            assert trie._weight[1] == 0.5 * 2.0**length
+
+
 def _occurs(flat, gram):
     n = len(gram)
     return any(flat[i : i + n] == gram for i in range(len(flat) - n + 1))
