@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--tree", action="store_true", help="draft trees; a step keeps the longest root path the trace follows")
     replay.add_argument("--max-nodes", type=int, default=64, help="tree size limit with --tree")
     replay.add_argument("--hf-ngram", type=int, default=3, help="transformers' max_matching_ngram_size")
+    replay.add_argument("--costs", default=None, help="size our drafts as our engine does under this verify-cost curve "
+                        "(transformers' are not sized) and report the modelled speedup: 'flat' or costs at blocks of 1,2,4,8,16,32,64 tokens, e.g. "
+                        "'1,1.13,1.44,1.75,2.34,2.72,3.49'")
     replay.add_argument("--limit", type=int, default=None, help="replay the first N requests of each file")
     replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
 
@@ -44,12 +47,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_replay(args) -> int:
     from lookahead import LookupDrafter
-    from lookahead.replay import load_trace, replay_hf, replay_lookahead, replay_recorded, result
+    from lookahead.replay import load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result
 
     if args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
     if args.max_nodes < 1:
         raise ValueError(f"--max-nodes must be >= 1, got {args.max_nodes}")
+    costs = parse_costs(args.costs) if args.costs is not None else None
     results = []
     for path in args.files:
         requests = load_trace(path)[: args.limit]
@@ -60,11 +64,11 @@ def run_replay(args) -> int:
                 draft_factor=args.draft_factor, memory=not args.no_memory,
             )
             label = f"lookahead k={args.num_draft_tokens} ngram={args.min_ngram}..{args.max_ngram} factor={args.draft_factor:g}"
-            label += " no-memory" * args.no_memory + f" tree<={args.max_nodes}" * args.tree
-            counts = replay_lookahead(requests, drafter, tree=args.tree, max_nodes=args.max_nodes, progress=name)
+            label += " no-memory" * args.no_memory + f" tree<={args.max_nodes}" * args.tree + f" costs={args.costs}" * (costs is not None)
+            counts = replay_lookahead(requests, drafter, tree=args.tree, max_nodes=args.max_nodes, costs=costs, progress=name)
         else:
             label = f"hf k={args.num_draft_tokens} ngram={args.hf_ngram}"
-            counts = replay_hf(requests, num_draft_tokens=args.num_draft_tokens, ngram=args.hf_ngram, progress=name)
+            counts = replay_hf(requests, num_draft_tokens=args.num_draft_tokens, ngram=args.hf_ngram, costs=costs, progress=name)
         results.append(result(name, label, counts))
         recorded = replay_recorded(requests)
         if recorded is not None:
@@ -72,9 +76,11 @@ def run_replay(args) -> int:
     if args.json:
         print(json.dumps({"results": [r.as_dict() for r in results]}))
     else:
+        speedup = costs is not None
         print(format_table(
-            ["file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us/step"],
-            [[r.file, r.drafter, f"{r.tau:.3f}", r.steps, r.tokens, r.drafted, r.accepted, f"{r.us_per_step:.1f}"] for r in results],
+            ["file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us/step"] + ["modelled speedup"] * speedup,
+            [[r.file, r.drafter, f"{r.tau:.3f}", r.steps, r.tokens, r.drafted, r.accepted, f"{r.us_per_step:.1f}"]
+             + [f"{r.speedup:.3f}x" if r.speedup else "-"] * speedup for r in results],
         ))
     return 0
 

@@ -8,7 +8,8 @@ the length n that maximises expected tokens per unit of time:
     E(n) = sum_{k=0..n} a^k = (1 - a^(n+1)) / (1 - a)        (a: per-token keep chance)
     n*   = argmax_n E(n) / cost(n + 1)                        (n = 0: a plain step)
 
-so where drafts keep failing, and wide blocks are dear, it stops drafting.
+so where drafts keep failing, and wide blocks are dear, it stops drafting. A tree draft
+gets the nodes that cost at most TREE_COST_SLACK more than that chain (`tree_nodes`).
 """
 
 import time
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+TREE_COST_SLACK = 1.1  # a tree may cost 10% more to verify than the chain the sizer chose
 _COSTS: dict[tuple, np.ndarray] = {}
 
 
@@ -57,6 +59,22 @@ def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
     return _COSTS[key]
 
 
+def plan_step(drafter, sizer, budget: int, *, tree: bool = False, max_tree_nodes: int = 64):
+    """What a verification loop drafts for one step: (chain, draft to verify, chain size).
+
+    The chain is the drafter's best guess of at most `budget` tokens; the sizer (None: no
+    sizing) cuts it to `size` tokens, and a tree step verifies instead the tree with the
+    nodes that cost about as much. Afterwards call `sizer.observed(chain.match_len,
+    chain.token_ids.tolist(), size, written, position)` with the tokens the model wrote.
+    """
+    chain = drafter.propose(budget)
+    size = len(chain) if sizer is None or not len(chain) else sizer.size(chain.match_len, len(chain))
+    if not tree or not size:
+        return chain, chain.prefix(size), size
+    nodes = max_tree_nodes if sizer is None else sizer.tree_nodes(size, max_tree_nodes)
+    return chain, drafter.propose_tree(budget, max_nodes=nodes), size
+
+
 class DraftSizer:
     """Per-request choice of how many drafted tokens to verify.
 
@@ -95,13 +113,40 @@ class DraftSizer:
         self.kept[m] = self.fade * self.kept[m] + kept
         self.failed[m] = self.fade * self.failed[m] + failed
 
-    def verified(self, match_len: int, draft_ids: list[int], verified: int, kept: int, position: int) -> None:
-        """Learns from a step that verified the first `verified` of `draft_ids` (drafted at
-        sequence[position:]) and kept `kept` of them; watches the unverified rest."""
-        if verified:
-            self.update(match_len, kept, kept < verified)
-        if kept == verified and verified < len(draft_ids):
-            self._watched.append((match_len, draft_ids[verified:], position + verified))
+    def tree_nodes(self, chain_size: int, max_nodes: int) -> int:
+        """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
+
+        The tree may cost TREE_COST_SLACK more than that chain: the heaviest nodes beyond
+        the chain's are the likeliest other continuations. Where wide blocks are nearly free
+        (GPUs) that buys dozens of nodes; where they are dear (this CPU) about the chain's
+        own size. Measured by replaying the dev traces under both cost curves.
+        """
+        if chain_size == 0:
+            return 0
+        limit = self.costs[chain_size + 1] * TREE_COST_SLACK
+        nodes = min(max_nodes, self.costs.shape[0] - 2)
+        while nodes > chain_size and self.costs[nodes + 1] > limit:
+            nodes -= 1
+        return nodes
+
+    def observed(self, match_len: int, draft_ids: list[int], verified: int, written: list[int], position: int) -> None:
+        """Learns from a step whose chain draft `draft_ids` (drafted at sequence[position:]) had
+        its first `verified` tokens checked, after which the model wrote `written`.
+
+        Tokens the model wrote show whether the chain agreed even where the step verified
+        a tree; the chain's rest past what was written is watched (see settle).
+        """
+        checked = min(verified, len(written), len(draft_ids))
+        agree = 0
+        while agree < checked and draft_ids[agree] == written[agree]:
+            agree += 1
+        if agree < checked:
+            self.update(match_len, agree, True)
+            return
+        if checked:
+            self.update(match_len, agree, False)
+        if agree < len(draft_ids):
+            self._watched.append((match_len, draft_ids[agree:], position + agree))
 
     def settle(self, sequence: list[int]) -> None:
         """Scores each watched rest as soon as the sequence shows where it fails or ends."""

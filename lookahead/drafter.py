@@ -15,7 +15,7 @@ from lookahead.integrations.transformers import TransformersAssistant
 DEFAULT_NUM_DRAFT_TOKENS = 16
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
-DEFAULT_DRAFT_FACTOR = 3.0
+DEFAULT_DRAFT_FACTOR = 16.0  # no cap at 16 tokens: the verification loop cuts drafts by cost (cost_aware)
 DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
 # Candidate weights (see LookupDrafter._fill_trie), measured with `lookahead replay --tree`.
 MATCH_WEIGHT = 2.0  # per matched token: a longer match outweighs two shorter ones
@@ -138,7 +138,8 @@ class LookupDrafter(TransformersAssistant):
         min_ngram: shortest suffix that may anchor a draft.
         max_ngram: longest suffix tried; longer matches are preferred.
         draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m)
-            tokens: short matches predict little, and every drafted token costs verification.
+            tokens. The default caps nothing: which drafted tokens are worth verifying
+            depends on the hardware, and the loops decide that (cost_aware).
         memory: what earlier requests wrote: True (default) for a private TokenStore of
             DEFAULT_MEMORY_TOKENS tokens, a TokenStore to share one between drafters (and
             threads), False for none. Each request's prompt and output are added to it when
@@ -149,6 +150,10 @@ class LookupDrafter(TransformersAssistant):
             prompt. Weighed like memory; preferred to it on ties.
         eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
             from the generation config).
+        cost_aware: in transformers' loop, cut each draft to the length worth verifying on
+            the target (lookahead.cost: calibrated once per model, device and dtype, then a
+            keep rate learnt per request; with low acceptance, nothing). Our engine has
+            its own `cost_aware` option.
 
     Example:
         >>> drafter = LookupDrafter(num_draft_tokens=3)
@@ -167,6 +172,7 @@ class LookupDrafter(TransformersAssistant):
         memory: TokenStore | bool = True,
         documents: DocumentLibrary | None = None,
         eos_token_id: int | list[int] | None = None,
+        cost_aware: bool = True,
     ):
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
@@ -182,6 +188,7 @@ class LookupDrafter(TransformersAssistant):
             raise TypeError(f"documents must be a lookahead.DocumentLibrary, got {type(documents).__name__}")
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
+        self.cost_aware = bool(cost_aware)
         # Occurrences examined per draft, (of the suffix, of the suffix without its last token):
         # a chain needs the few best; a tree's extra branches come from the rest.
         self.chain_walk = (8, 4)

@@ -22,7 +22,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, St
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from lookahead.cost import DraftSizer, verify_costs
+from lookahead.cost import DraftSizer, plan_step, verify_costs
 from lookahead.drafter import Draft, LookupDrafter
 from lookahead.integrations.transformers import UnsupportedGenerationError
 
@@ -63,8 +63,9 @@ def generate(
         tree: draft trees, or chains (default: trees where the family supports them and
             the calibration finds a 64-token block at most 1.25x the cost of a 16-token one).
         max_tree_nodes: node budget of a tree draft.
-        cost_aware: cut chain drafts to the length worth verifying (lookahead.cost); with
-            low acceptance that is nothing, a plain step.
+        cost_aware: cut chain drafts to the length worth verifying, and trees to the nodes
+            that cost about as much (lookahead.cost); with low acceptance that is
+            nothing, a plain step.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
         stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
@@ -123,17 +124,15 @@ def generate(
     if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
-    sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware and not use_tree else None
+    sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         while True:
             budget = max_len - len(sequence) - 1  # the step's own token takes the last place
-            whole = draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes) if use_tree else drafter.propose(budget)
-            if sizer is not None and len(draft):
-                draft = draft.prefix(sizer.size(draft.match_len, len(draft)))
+            chain, draft, size = plan_step(drafter, sizer, budget, tree=use_tree, max_tree_nodes=max_tree_nodes)
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample)
-            if sizer is not None and len(whole):
-                sizer.verified(whole.match_len, whole.token_ids.tolist(), len(draft), len(kept), len(sequence))
+            if sizer is not None and len(chain):
+                sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
             drafter.stats.record(len(draft), len(kept))
             new = kept + [choice]
             stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)

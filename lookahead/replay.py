@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from lookahead.cost import SIZES, DraftSizer, plan_step
 from lookahead.drafter import LookupDrafter
 
 
@@ -40,6 +41,7 @@ class ReplayResult:
     drafted: int
     accepted: int
     us_per_step: float  # drafting cost (extend + propose), microseconds per step
+    speedup: float | None = None  # with a cost curve: tokens / modelled verify cost (plain greedy: 1)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,39 +89,68 @@ def _token_list(row: dict, key: str, where: str) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
 
 
-def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_nodes: int = 64, progress: str | None = None) -> dict:
+def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_nodes: int = 64, costs: np.ndarray | None = None,
+                     progress: str | None = None) -> dict:
     """Replays `requests` in order through `drafter`; returns the summed counts and drafting time.
 
     With `tree`, each step drafts a tree (at most max_nodes tokens) and keeps the longest
-    root path that the recorded output follows.
+    root path that the recorded output follows. With `costs` (cost[n]: verifying n tokens
+    relative to 1, as lookahead.cost.verify_costs), drafts are sized as our engine sizes
+    them and `cost` sums the modelled verify cost of every step.
     """
     steps = drafted = accepted = tokens = 0
-    seconds = 0.0
+    seconds = cost = 0.0
     for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
         output = request.output
         drafter.reset(request.prompt)  # per-request setup: not a step's cost
+        sizer = DraftSizer(costs, drafter.max_ngram) if costs is not None else None
         pos = 0
         while pos < output.shape[0]:
             start = time.perf_counter()
             budget = output.shape[0] - pos - 1
-            draft = drafter.propose_tree(budget, max_nodes=max_nodes) if tree else drafter.propose(budget)
+            if sizer is None:
+                draft = drafter.propose_tree(budget, max_nodes=max_nodes) if tree else drafter.propose(budget)
+            else:
+                chain, draft, size = plan_step(drafter, sizer, budget, tree=tree, max_tree_nodes=max_nodes)
             seconds += time.perf_counter() - start
             kept = _kept_on_tree(draft, output, pos) if tree else _kept(draft.token_ids, output, pos)
             step = kept + 1  # the model's own token after the kept prefix
+            if sizer is not None:
+                cost += costs[len(draft) + 1]
+                if len(chain):
+                    sizer.observed(chain.match_len, chain.token_ids.tolist(), size, output[pos : pos + step].tolist(), pos)
+                sizer.settle(output[: pos + step])
             start = time.perf_counter()
             drafter.extend(output[pos : pos + step])
             seconds += time.perf_counter() - start
             steps, drafted, accepted, tokens, pos = steps + 1, drafted + len(draft), accepted + kept, tokens + step, pos + step
-    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
+    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds, cost=cost)
 
 
-def replay_hf(requests, *, num_draft_tokens: int, ngram: int, progress: str | None = None) -> dict:
-    """The same replay through transformers' PromptLookupCandidateGenerator, called as is."""
+def parse_costs(spec: str) -> np.ndarray:
+    """A verify-cost curve: "flat" (every block costs one step) or relative costs at block sizes
+    1,2,4,8,16,32,64 ("1,1.13,1.44,1.75,2.34,2.72,3.49"); linear in between, like verify_costs."""
+    if spec == "flat":
+        points = [1.0] * len(SIZES)
+    else:
+        try:
+            points = [float(x) for x in spec.split(",")]
+        except ValueError:
+            points = []
+        if len(points) != len(SIZES) or points[0] != 1.0 or any(b < a for a, b in zip(points, points[1:])):
+            raise ValueError(f"--costs must be 'flat' or {len(SIZES)} non-decreasing numbers starting at 1 (costs at sizes "
+                             f"{','.join(map(str, SIZES))}), got {spec!r}")
+    return np.interp(np.arange(SIZES[-1] + 1), SIZES, points)
+
+
+def replay_hf(requests, *, num_draft_tokens: int, ngram: int, costs: np.ndarray | None = None, progress: str | None = None) -> dict:
+    """The same replay through transformers' PromptLookupCandidateGenerator, called as is
+    (its drafts unsized: `costs` only prices them)."""
     import torch
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     steps = drafted = accepted = tokens = 0
-    seconds = 0.0
+    seconds = cost = 0.0
     for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
         full = torch.from_numpy(np.concatenate([request.prompt, request.output]))[None]
         prompt_len, output = request.prompt.shape[0], request.output
@@ -134,8 +165,9 @@ def replay_hf(requests, *, num_draft_tokens: int, ngram: int, progress: str | No
             draft = candidates[0, prompt_len + pos :].numpy()[: output.shape[0] - pos - 1]
             kept = _kept(draft, output, pos)
             step = kept + 1
+            cost += costs[draft.shape[0] + 1] if costs is not None else 0.0
             steps, drafted, accepted, tokens, pos = steps + 1, drafted + draft.shape[0], accepted + kept, tokens + step, pos + step
-    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds)
+    return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds, cost=cost)
 
 
 def _kept(draft: np.ndarray, output: np.ndarray, pos: int) -> int:
@@ -183,4 +215,5 @@ def result(file: str, drafter: str, counts: dict) -> ReplayResult:
         drafted=counts["drafted"],
         accepted=counts["accepted"],
         us_per_step=round(counts["seconds"] / steps * 1e6, 2) if steps else 0.0,
+        speedup=round(counts["tokens"] / counts["cost"], 4) if counts.get("cost") else None,
     )

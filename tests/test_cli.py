@@ -37,8 +37,9 @@ def test_replay_json_output_and_recorded_reference_row(tmp_path, capsys):
     path = write_trace(tmp_path, [row, row])
     assert main(["replay", str(path), "--json", "--num-draft-tokens", "4"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]
-    assert [r["drafter"] for r in results] == ["lookahead k=4 ngram=1..8 factor=3", "vllm-ngram (recorded)"]
-    assert set(results[0]) == {"file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us_per_step"}
+    assert [r["drafter"] for r in results] == ["lookahead k=4 ngram=1..8 factor=16", "vllm-ngram (recorded)"]
+    assert set(results[0]) == {"file", "drafter", "tau", "steps", "tokens", "drafted", "accepted", "us_per_step", "speedup"}
+    assert results[0]["speedup"] is None  # no --costs
     assert results[1]["tau"] == 1.0
     assert results[0]["tau"] > 1.0
 
@@ -88,6 +89,26 @@ def test_replay_on_real_traces_beats_the_recorded_vllm_ngram_and_hf_is_reproduce
     vllm = replay_recorded(requests)
     assert ours["tokens"] == hf["tokens"] == vllm["tokens"] == sum(r.output.shape[0] for r in requests)
     assert ours["tokens"] / ours["steps"] > vllm["tokens"] / vllm["steps"]
+
+
+def test_replay_with_costs_reports_a_modelled_speedup(tmp_path, capsys):
+    path = write_trace(tmp_path, [REPEATING, REPEATING])
+    assert main(["replay", str(path), "--json", "--costs", "flat"]) == 0
+    flat = json.loads(capsys.readouterr().out)["results"][0]
+    assert flat["speedup"] == flat["tau"]  # every block costs one plain step
+    steep = "1,2,3,4,5,6,7"
+    assert main(["replay", str(path), "--json", "--costs", steep]) == 0
+    sized = json.loads(capsys.readouterr().out)["results"][0]
+    assert 0 < sized["speedup"] < sized["tau"]
+    assert sized["drafted"] < flat["drafted"]  # dear blocks: shorter drafts
+    assert main(["replay", str(path), "--json", "--costs", steep, "--drafter", "hf"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["speedup"] > 0
+
+
+@pytest.mark.parametrize("spec", ["1,2", "2,2,3,4,5,6,7", "1,3,2,4,5,6,7", "steep"])
+def test_replay_bad_costs_are_refused(tmp_path, capsys, spec):
+    assert main(["replay", str(write_trace(tmp_path, [REPEATING])), "--costs", spec]) == 2
+    assert "--costs" in capsys.readouterr().err
 
 
 def test_bench_overhead_quick_json(capsys):

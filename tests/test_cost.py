@@ -1,6 +1,7 @@
 """Cost-aware draft sizing."""
 
 import numpy as np
+import pytest
 
 from lookahead.cost import DraftSizer, verify_costs
 from tests.models import tiny_model
@@ -12,10 +13,10 @@ def test_sizes_grow_with_acceptance_and_vanish_without_it():
     sizer = DraftSizer(LINEAR, max_ngram=8)
     assert 0 < sizer.size(8, 16) < 16  # prior 0.5: a few tokens
     for _ in range(20):
-        sizer.verified(8, list(range(16)), 16, 16, 0)
+        sizer.observed(8, list(range(16)), 16, list(range(17)), 0)
     assert sizer.size(8, 16) == 16
     for _ in range(20):
-        sizer.verified(2, list(range(16)), 4, 0, 0)
+        sizer.observed(2, list(range(16)), 4, [99], 0)
     assert sizer.size(2, 16) == 0  # a plain step
     assert sizer.size(8, 16) == 16  # buckets are separate
 
@@ -23,7 +24,7 @@ def test_sizes_grow_with_acceptance_and_vanish_without_it():
 def test_unverified_rest_of_a_cut_draft_teaches_once_the_output_shows_it():
     sizer = DraftSizer(LINEAR, max_ngram=4)
     before = sizer.keep_chance(4)
-    sizer.verified(4, [7, 8, 9, 10], 1, 1, position=5)  # verified [7]; [8, 9, 10] watched at 6
+    sizer.observed(4, [7, 8, 9, 10], 1, [7, 8], position=5)  # verified [7]; [8, 9, 10] watched at 6
     assert sizer.keep_chance(4) > before
     sequence = [0] * 5 + [7, 8, 9]
     sizer.settle(sequence)  # 8 and 9 agree so far, 10 not yet written: still watched
@@ -32,6 +33,27 @@ def test_unverified_rest_of_a_cut_draft_teaches_once_the_output_shows_it():
     sizer.settle(sequence + [3])  # the model wrote 3 where the draft said 10: two kept, one failure
     assert not sizer._watched
     assert sizer.keep_chance(4) != middle
+
+
+def test_a_tree_step_teaches_through_the_chain_it_holds():
+    sizer = DraftSizer(LINEAR, max_ngram=4)
+    # the tree step verified 4 chain tokens' worth; the model wrote 7, 8, 5: the chain failed at its third token
+    sizer.observed(2, [7, 8, 9, 10], 4, [7, 8, 5], position=0)
+    assert (sizer.kept[2], sizer.failed[2]) == pytest.approx((0.9 + 2, 0.9 + 1))  # priors of 1, faded
+    assert not sizer._watched
+    # the model wrote only 2 tokens, both the chain's: no failure seen yet, the rest watched
+    sizer.observed(3, [7, 8, 9, 10], 4, [7, 8], position=0)
+    assert (sizer.kept[3], sizer.failed[3]) == pytest.approx((0.9 + 2, 0.9))
+    assert sizer._watched == [(3, [9, 10], 2)]
+
+
+def test_tree_nodes_cost_about_what_the_chain_would():
+    flat = np.ones(66)
+    flat[17:] = 1.05  # a GPU: wide blocks nearly free
+    assert DraftSizer(flat, max_ngram=8).tree_nodes(4, 64) == 64
+    steep = 1 + 0.1 * np.arange(66.0)
+    assert DraftSizer(steep, max_ngram=8).tree_nodes(4, 64) == 5  # cost 1.5 * 1.1 = 1.65 buys 5 nodes (1.6)
+    assert DraftSizer(steep, max_ngram=8).tree_nodes(0, 64) == 0
 
 
 def test_calibration_is_monotone_and_cached():

@@ -38,6 +38,7 @@ def make_case(model, seed: int, vocab: int) -> dict:
         min_ngram=rng.choice([1, 2]),
         max_ngram=rng.choice([2, 4, 8]),
         draft_factor=rng.choice([1, 3, 16]),
+        cost_aware=rng.random() < 0.5,
     )
     return dict(prompt=prompt, options=options, drafter=drafter, kind=kind)
 
@@ -86,7 +87,7 @@ def test_eos_inside_a_long_draft_ends_generation_there():
     # The model rewrites the story; its 12th token is EOS now: the draft stops before it and
     # the model itself writes it as the bonus token of a long accepted block.
     options = dict(max_new_tokens=40, do_sample=False, eos_token_id=prompt[12])
-    case = dict(prompt=prompt + [1], options=options, drafter=dict(num_draft_tokens=16, draft_factor=16))
+    case = dict(prompt=prompt + [1], options=options, drafter=dict(num_draft_tokens=16, cost_aware=False))
     stats = assert_exact(model, case)
     assert stats.drafted_per_step[0] >= 11  # the EOS sat inside the first draft
 
@@ -96,7 +97,7 @@ def test_max_new_tokens_ending_mid_draft():
     prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=40, do_sample=False)[0, 1:].tolist()
     for max_new_tokens in (1, 2, 5, 17):
         case = dict(prompt=prompt + [1], options=dict(max_new_tokens=max_new_tokens, do_sample=False), drafter={})
-        assert_exact(model, case, LookupDrafter(num_draft_tokens=16, draft_factor=16))
+        assert_exact(model, case, LookupDrafter(num_draft_tokens=16, cost_aware=False))
 
 
 def test_a_drafter_is_reused_across_calls_and_resets_per_call():

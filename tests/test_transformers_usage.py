@@ -111,6 +111,22 @@ def test_stats_describe_the_call():
     assert stats.tokens_per_step > 1
 
 
+def test_cost_aware_drafts_are_sized_by_what_the_model_wrote():
+    from lookahead.cost import DraftSizer
+
+    model = stories_model()
+    input_ids = story_prompt(model)
+    sized, unsized = LookupDrafter(), LookupDrafter(cost_aware=False)
+    expected = model.generate(input_ids, max_new_tokens=30, do_sample=False)
+    for drafter in (sized, unsized):
+        assert model.generate(input_ids, max_new_tokens=30, do_sample=False, assistant_model=drafter).tolist() == expected.tolist()
+    assert unsized._sizer is None
+    assert isinstance(sized._sizer, DraftSizer)
+    assert sized._sizer.kept.sum() > sized._sizer.kept.shape[0]  # it learnt from the steps (priors are 1 each)
+    # A fresh sizer starts at a keep rate of 1/2: its first draft is cut below the drafter's full chain.
+    assert sized.stats.drafted_per_step[0] < unsized.stats.drafted_per_step[0]
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

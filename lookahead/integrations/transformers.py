@@ -20,6 +20,7 @@ What the candidate generator relies on, and how we answer:
 """
 
 import sys
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
@@ -44,12 +45,18 @@ class TransformersAssistant:
     """Mixin: makes a drafter usable as `assistant_model=` in transformers 5.x generate().
 
     The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(max_tokens) -> Draft`,
-    `num_draft_tokens`, `eos_option` / `eos_token_ids` and `stats` (a DraftStats).
+    `num_draft_tokens`, `max_ngram`, `cost_aware`, `index` (its TokenIndex),
+    `eos_option` / `eos_token_ids` and `stats` (a DraftStats). With `cost_aware`, each
+    draft is cut to what verifying it on the target pays for (lookahead.cost: calibrated
+    once per model, device and dtype; a keep rate learnt per request).
     """
 
     _target_vocab_size: int | None = None
     _target_device: torch.device | None = None
+    _target_model = None  # weakref to the model being generated with, for the cost calibration
     _indexed: int = 0  # tokens of the current request the drafter has seen
+    _sizer = None  # the request's DraftSizer when cost_aware
+    _sized = None  # (match_len, chain ids, tokens offered, position) of the last step, for the sizer
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -61,6 +68,7 @@ class TransformersAssistant:
             target = caller["self"]
             self._target_vocab_size = target.config.get_text_config().vocab_size
             self._target_device = target.device
+            self._target_model = weakref.ref(target)
         return _AssistantConfig(is_encoder_decoder=False, vocab_size=self._target_vocab_size)
 
     @property
@@ -83,6 +91,15 @@ class TransformersAssistant:
     def _supports_logits_to_keep(self) -> bool:
         return False
 
+    def _new_sizer(self):
+        """A DraftSizer over the target's calibrated verify costs (lookahead.cost), or None."""
+        model = self._target_model() if self._target_model is not None else None
+        if not self.cost_aware or model is None:
+            return None
+        from lookahead.cost import DraftSizer, verify_costs
+
+        return DraftSizer(verify_costs(model), self.max_ngram)
+
     # -- the call the candidate generator makes each step ----------------------------------
 
     def generate(self, input_ids, *, max_new_tokens, generation_config, **kwargs):
@@ -98,14 +115,22 @@ class TransformersAssistant:
         if new_request:
             self.eos_token_ids = _eos_ids(generation_config, self.eos_option)
             self.reset(input_ids[0])
+            self._sizer = self._new_sizer()
         else:
             verified = input_ids[0, self._indexed :]
             # The loop appended the accepted drafts plus one token of the model's own.
             self.stats.record_accepted(min(verified.shape[0] - 1, self.stats.drafted_per_step[-1]))
             self.extend(verified)
+            if self._sizer is not None:
+                if self._sized is not None:  # what the last step drafted, against what the model wrote
+                    self._sizer.observed(*self._sized[:3], verified.tolist(), self._sized[3])
+                self._sizer.settle(self.index.tokens)
         self._indexed = input_ids.shape[1]
 
-        draft = self.propose(max_new_tokens)
+        from lookahead.cost import plan_step
+
+        chain, draft, size = plan_step(self, self._sizer, max_new_tokens)
+        self._sized = (chain.match_len, chain.token_ids.tolist(), size, self._indexed) if len(chain) else None
         sampling = bool(generation_config.do_sample)
         token_ids = draft.token_ids
         if sampling and token_ids.shape[0] == 0 and max_new_tokens > 0:
