@@ -16,6 +16,7 @@ from transformers import LogitsProcessorList
 
 from lookahead import LookupDrafter
 from lookahead import workloads
+from lookahead.cost import verify_costs
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workload", choices=["code-edit", "summarize", "chat"], default="code-edit")
@@ -38,6 +39,12 @@ options = dict(
     pad_token_id=request.reference[-1],
     logits_processor=LogitsProcessorList([workloads.FollowReference(len(request.prompt), request.reference)]),
 )
+
+# With cost_aware=True (default) the drafter times this model's forward passes once (1 to 64
+# tokens), cached per model, device and dtype, to know how long a draft is worth verifying.
+start = time.perf_counter()
+verify_costs(model)
+print(f"one-time verify-cost calibration: {time.perf_counter() - start:.2f} s")
 
 results = {}
 for name, extra in [("plain greedy", {}), ("LookupDrafter", {"assistant_model": LookupDrafter()})]:
