@@ -17,6 +17,7 @@ is sampling from the model.
 
 import functools
 
+import numpy as np
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
@@ -125,12 +126,13 @@ def generate(
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
     sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
+    logits_to_keep = model._supports_logits_to_keep()  # inspects forward's signature: once, not per step
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         while True:
             budget = max_len - len(sequence) - 1  # the step's own token takes the last place
             chain, draft, size = plan_step(drafter, sizer, budget, tree=use_tree, max_tree_nodes=max_tree_nodes)
-            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample)
+            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep)
             if sizer is not None and len(chain):
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
             drafter.stats.record(len(draft), len(kept))
@@ -152,7 +154,7 @@ def generate(
     return sequences
 
 
-def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool):
+def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool, logits_to_keep: bool):
     """One forward pass over the uncached tokens plus the draft; returns (kept draft tokens, model's next token).
 
     The tokens of `sequence` past the cache (the prompt on the first step, else the last
@@ -172,18 +174,12 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
     is_chain = all(parents[i] == i - 1 for i in range(1, u + n))
     # Logits only where the walk reads them: the last uncached token and the draft nodes
     # (a prompt's logits over a large vocabulary would cost more than the forward pass).
-    keep = {"logits_to_keep": n + 1} if model._supports_logits_to_keep() else {}
+    keep = {"logits_to_keep": n + 1} if logits_to_keep else {}
     first = u - 1 if keep else 0  # block index of logits row 0
     if is_chain:
         out = model(input_ids=block, cache=cache, use_cache=True, **keep)
     else:
-        # visible[i, j]: block token j is token i or one of its ancestors
-        visible = torch.zeros((u + n, u + n), dtype=torch.bool)
-        for i in range(u + n):
-            j = i
-            while j >= 0:
-                visible[i, j] = True
-                j = parents[j]
+        visible = _tree_visibility(u, draft.parents)
         dtype = model.dtype if model.dtype.is_floating_point else torch.float32
         mask = torch.zeros((1, 1, u + n, cached + u + n), dtype=dtype, device=device)
         mask[0, 0, :, cached:].masked_fill_(~visible.to(device), torch.finfo(dtype).min)
@@ -203,6 +199,24 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
         path.append(child)
     _keep_in_cache(cache, cached, list(range(u)) + path[1:], u + n, is_chain)
     return [tokens[i] for i in path[1:]], choice
+
+
+def _tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
+    """(u + n, u + n) bools: block token j is token i or one of its ancestors.
+
+    The u uncached tokens form a causal chain and every draft node (parents[i] < i, -1:
+    the last uncached token) descends from its end, so only the draft block needs ancestor
+    sets: O((u + n)^2) bits but O(n^2) Python, whatever the prompt length.
+    """
+    n = parents.shape[0]
+    ancestors = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            ancestors[i] = ancestors[p]
+        ancestors[i, i] = True
+    visible = torch.ones((u + n, u + n), dtype=torch.bool).tril_()
+    visible[u:, u:] = torch.from_numpy(ancestors)
+    return visible
 
 
 def _keep_in_cache(cache, cached: int, keep: list[int], block_len: int, is_chain: bool) -> None:
