@@ -293,8 +293,7 @@ class LookupDrafter(TransformersAssistant):
             match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT,
         )
         if anchor < self.max_ngram - 1:  # else no store's match can outweigh it
-            n = len(self.index)
-            recent = self.index._tokens[max(n - self.max_ngram, 0) : n]  # the suffix a store matches (a view)
+            recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
             for store in self._stores():
                 if store is not None and len(store):
                     length = store.add_continuation(trie, recent, depth, match_weight=MATCH_WEIGHT, scale=STORE_WEIGHT)

@@ -131,7 +131,10 @@ def generate(
     with torch.inference_mode():
         while True:
             budget = max_len - len(sequence) - 1  # the step's own token takes the last place
-            chain, draft, size = plan_step(drafter, sizer, budget, tree=use_tree, max_tree_nodes=max_tree_nodes)
+            # The first step also prefills the prompt: a tree there would need an explicit mask
+            # over the whole prompt (a slower attention path), so it verifies a chain.
+            tree_step = use_tree and len(sequence) > prompt_len
+            chain, draft, size = plan_step(drafter, sizer, budget, tree=tree_step, max_tree_nodes=max_tree_nodes)
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep)
             if sizer is not None and len(chain):
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))

@@ -11,7 +11,8 @@ from tests import reference
 
 def test_warm_up_compiles_every_kernel():
     assert trie_module.warm_up() == 4
-    for kernel in (trie_module.add_paths, trie_module.add_suffix_candidates, trie_module.heaviest_nodes, trie_module.heaviest_path):
+    for kernel in (trie_module.add_paths, trie_module.add_suffix_candidates, trie_module.add_longest_match,
+                   trie_module.heaviest_nodes, trie_module.heaviest_path):
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
 
 

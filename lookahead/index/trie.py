@@ -230,7 +230,7 @@ class DraftTrie:
 
     def add_suffix_candidates(self, index, depth: int, *, walk: int, substitution_walk: int, match_weight: float,
                               substitution_scale: float) -> tuple[int, int]:
-        """Adds the continuations of the index's current suffix (see add_suffix_candidates).
+        """Adds the continuations of the index's current suffix (see the kernel of that name).
 
         Returns (longest match, longest substitution match); 0 where none.
         """

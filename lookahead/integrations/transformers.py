@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
+from lookahead.cost import DraftSizer, plan_step, verify_costs
+
 _ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
 
 
@@ -96,8 +98,6 @@ class TransformersAssistant:
         model = self._target_model() if self._target_model is not None else None
         if not self.cost_aware or model is None:
             return None
-        from lookahead.cost import DraftSizer, verify_costs
-
         return DraftSizer(verify_costs(model), self.max_ngram)
 
     # -- the call the candidate generator makes each step ----------------------------------
@@ -126,8 +126,6 @@ class TransformersAssistant:
                     self._sizer.observed(*self._sized[:3], verified.tolist(), self._sized[3])
                 self._sizer.settle(self.index.tokens)
         self._indexed = input_ids.shape[1]
-
-        from lookahead.cost import plan_step
 
         chain, draft, size = plan_step(self, self._sizer, max_new_tokens)
         self._sized = (chain.match_len, chain.token_ids.tolist(), size, self._indexed) if len(chain) else None
