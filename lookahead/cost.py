@@ -62,17 +62,20 @@ def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
 def plan_step(drafter, sizer, budget: int, *, tree: bool = False, max_tree_nodes: int = 64):
     """What a verification loop drafts for one step: (chain, draft to verify, chain size).
 
-    The chain is the drafter's best guess of at most `budget` tokens; the sizer (None: no
-    sizing) cuts it to `size` tokens, and a tree step verifies instead the tree with the
-    nodes that cost about as much. Afterwards call `sizer.observed(chain.match_len,
-    chain.token_ids.tolist(), size, written, position)` with the tokens the model wrote.
+    The chain is the drafter's best guess of at most `budget` tokens; the sizer cuts it to
+    `size` tokens, and a tree step verifies instead the tree with the nodes that cost about
+    as much. Afterwards call `sizer.observed(chain.match_len, chain.token_ids.tolist(),
+    size, written, position)` with the tokens the model wrote. Without a sizer (None)
+    nothing is cut, and a tree step drafts only the tree (the chain is empty).
     """
+    if sizer is None and tree:
+        draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes)
+        return draft.prefix(0), draft, 0
     chain = drafter.propose(budget)
     size = len(chain) if sizer is None or not len(chain) else sizer.size(chain.match_len, len(chain))
     if not tree or not size:
         return chain, chain.prefix(size), size
-    nodes = max_tree_nodes if sizer is None else sizer.tree_nodes(size, max_tree_nodes)
-    return chain, drafter.propose_tree(budget, max_nodes=nodes), size
+    return chain, drafter.propose_tree(budget, max_nodes=sizer.tree_nodes(size, max_tree_nodes)), size
 
 
 class DraftSizer:

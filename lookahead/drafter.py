@@ -197,11 +197,20 @@ class LookupDrafter(TransformersAssistant):
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
+        self._trie = DraftTrie()  # rebuilt by every propose
         self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
-        self._trie = DraftTrie()  # rebuilt by every propose
-        self._eos_ids = None  # the eos_token_ids the trie's eos array was built from
         self.stats = DraftStats()
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids no draft runs past; the verification loops set them per call."""
+        return self._eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids: frozenset[int]) -> None:
+        self._eos_token_ids = ids
+        self._trie.eos = np.fromiter(sorted(ids), dtype=np.int64)
 
     @property
     def min_ngram(self) -> int:
@@ -285,9 +294,6 @@ class LookupDrafter(TransformersAssistant):
         """
         trie = self._trie
         trie.clear()
-        if self.eos_token_ids is not self._eos_ids:
-            self._eos_ids = self.eos_token_ids
-            trie.eos = np.fromiter(sorted(self._eos_ids), dtype=np.int64)
         anchor, substituted = trie.add_suffix_candidates(
             self.index, depth, walk=walk, substitution_walk=substitution_walk,
             match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT,

@@ -108,10 +108,7 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, ma
         while pos < output.shape[0]:
             start = time.perf_counter()
             budget = output.shape[0] - pos - 1
-            if sizer is None:
-                draft = drafter.propose_tree(budget, max_nodes=max_nodes) if tree else drafter.propose(budget)
-            else:
-                chain, draft, size = plan_step(drafter, sizer, budget, tree=tree, max_tree_nodes=max_nodes)
+            chain, draft, size = plan_step(drafter, sizer, budget, tree=tree, max_tree_nodes=max_nodes)
             seconds += time.perf_counter() - start
             kept = _kept_on_tree(draft, output, pos) if tree else _kept(draft.token_ids, output, pos)
             step = kept + 1  # the model's own token after the kept prefix

@@ -35,7 +35,8 @@ def sampled_sequences(model, prompt, runs, drafter, seed, entry):
         if entry == "assistant_model":
             sequences.append(model.generate(input_ids, generation_config=config, assistant_model=drafter))
         else:  # our engine, through transformers' custom_generate with trees
-            sequences.append(model.generate(input_ids, generation_config=config, custom_generate=lookahead.generate, assistant=drafter, tree=True))
+            sequences.append(model.generate(input_ids, generation_config=config, custom_generate=lookahead.generate, assistant=drafter, tree=True,
+                                            cost_aware=False))  # whole trees, whatever the timing calibration says
         accepted += drafter.stats.accepted
     return torch.cat(sequences), accepted
 

@@ -126,20 +126,24 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
 
 
 @njit(cache=True)
-def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_weight, depth, stop_tokens,
+def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_weight, depth, stop_token, eos,
                       token, parent, weight, child, sibling, count, ends, out):
     """Adds what followed the most recent occurrence, in an index's arrays, of the longest suffix of `query`.
 
-    The continuation source[end + 1 : end + 1 + depth] (below n) stops before any token in
-    stop_tokens; it weighs scale * match_weight**m for an m-token match. Writes (count,
-    m) to out (m = 0: no suffix of at least min_ngram tokens occurred). `ends` is scratch.
-    Cost: O(max_ngram) probes, O(depth * branching).
+    The continuation source[end + 1 : end + 1 + depth] (below n) stops before stop_token
+    (-1: none) and before any token in eos; it weighs scale * match_weight**m for an
+    m-token match. Writes (count, m) to out (m = 0: no suffix of at least min_ngram
+    tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(depth * branching).
     """
     longest = kernels.match_ends(source, table, query, query.shape[0], min_ngram, max_ngram, ends)
     if longest:
         start = ends[longest] + 1
-        count = _add_path(source, start, min(start + depth, n), scale * match_weight**longest, stop_tokens,
-                          token, parent, weight, child, sibling, count)
+        stop = min(start + depth, n)
+        for pos in range(start, stop):
+            if source[pos] == stop_token:
+                stop = pos
+                break
+        count = _add_path(source, start, stop, scale * match_weight**longest, eos, token, parent, weight, child, sibling, count)
     out[0], out[1] = count, longest
 
 
@@ -208,7 +212,6 @@ class DraftTrie:
         self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
         self.eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
-        self._stops_eos, self._stop_token, self._stops = None, None, self.eos  # eos plus add_longest_match's stop_token
         self._reserve(1024)
         self.clear()
 
@@ -248,16 +251,10 @@ class DraftTrie:
 
         The continuation also stops before `stop_token` (a store's sequence separator).
         """
-        if stop_token is None:
-            stops = self.eos
-        else:
-            if self._stops_eos is not self.eos or self._stop_token != stop_token:  # rebuilt when eos is replaced
-                self._stops_eos, self._stop_token = self.eos, stop_token
-                self._stops = np.append(self.eos, stop_token)
-            stops = self._stops
         self._reserve(self._count + max(depth, 0))
         add_longest_match(index._tokens, index._table, len(index), query, index.min_ngram, index.max_ngram, scale,
-                          match_weight, depth, stops, *self._buffers(), self._count, self._ends, self._out)
+                          match_weight, depth, -1 if stop_token is None else stop_token, self.eos, *self._buffers(),
+                          self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1])
 
