@@ -12,7 +12,7 @@ from lookahead.store import TokenStore
 from lookahead.integrations.transformers import TransformersAssistant
 
 # Defaults measured with `lookahead replay` on ../shared/traces (README, "Choosing the defaults").
-DEFAULT_NUM_DRAFT_TOKENS = 16
+DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
 DEFAULT_DRAFT_FACTOR = 16.0  # no cap at 16 tokens: the verification loop cuts drafts by cost (cost_aware)
@@ -21,6 +21,7 @@ DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
 MATCH_WEIGHT = 2.0  # per matched token: a longer match outweighs two shorter ones
 STORE_WEIGHT = 0.5  # a store's match counts as one token shorter than the request's own
 SUBSTITUTION_WEIGHT = 0.25  # a substitution counts as two tokens shorter
+TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
@@ -268,15 +269,16 @@ class LookupDrafter(TransformersAssistant):
     def propose_tree(self, max_tokens: int | None = None, *, max_nodes: int = 64) -> Draft:
         """Drafts a tree of at most `max_nodes` nodes, branches up to `max_tokens` deep.
 
-        The nodes are the `max_nodes` heaviest of the candidate trie: the expected
-        accepted tokens are highest for them under the trie's weights. Parents precede
+        The nodes are the `max_nodes` heaviest of the candidate trie, each node's weight
+        discounted by TREE_DEPTH_DECAY per level (without it, one long candidate takes
+        every node before a branch of slightly lower weight gets one). Parents precede
         children; `propose`'s chain is the heaviest path (cut by draft_factor there, not here).
         """
         limit = self._limit(max_tokens)
         if limit == 0 or max_nodes < 1:
             return EMPTY_DRAFT
         anchor = self._fill_trie(limit, *self.tree_walk)
-        token_ids, parents = self._trie.tree(max_nodes)
+        token_ids, parents = self._trie.tree(max_nodes, TREE_DEPTH_DECAY)
         return Draft(token_ids, parents, anchor) if token_ids.shape[0] else EMPTY_DRAFT
 
     def _fill_trie(self, depth: int, walk: int, substitution_walk: int) -> int:

@@ -33,8 +33,9 @@ candidate_lists = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_nodes=st.integers(1, 40))
-def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_nodes):
+@given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_nodes=st.integers(1, 40),
+       depth_decay=st.sampled_from([1.0, 0.9, 0.5]))
+def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_nodes, depth_decay):
     trie = DraftTrie()
     trie.eos = np.array(eos, dtype=np.int64)
     for tokens, weight in candidates:  # one at a time from its own source, as stores are added
@@ -42,16 +43,16 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     expected = reference.trie_weights([(tokens[:depth], w) for tokens, w in candidates], eos)
     assert node_weights(trie) == pytest.approx(expected)
     assert trie.tree(len(trie) + 5)[0].shape[0] == len(expected)
-    # tree(): the max_nodes heaviest, closed under parent, parents first
-    ids, parents = trie.tree(max_nodes)
+    # tree(): the max_nodes heaviest after the depth discount, closed under parent, parents first
+    ids, parents = trie.tree(max_nodes, depth_decay)
     assert ids.shape[0] == min(max_nodes, len(expected))
     assert all(p < i for i, p in enumerate(parents.tolist()))
     paths = []
     for token, parent in zip(ids.tolist(), parents.tolist()):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
     assert len(set(paths)) == len(paths) and all(path in expected for path in paths)
-    chosen = sorted((expected[p] for p in paths), reverse=True)
-    assert chosen == sorted(expected.values(), reverse=True)[: len(paths)]
+    score = {p: w * depth_decay ** len(p) for p, w in expected.items()}
+    assert sorted((score[p] for p in paths), reverse=True) == pytest.approx(sorted(score.values(), reverse=True)[: len(paths)])
     # path(): the heaviest child at each level
     path = tuple(trie.path(depth).tolist())
     for i in range(len(path)):
@@ -78,3 +79,17 @@ def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substituti
     candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25)
     assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates))
     assert longest == reference.longest_match(tokens, min_ngram, 4)[0]
+
+
+def test_depth_decay_buys_a_branch_before_a_long_chain_ends():
+    trie = DraftTrie()
+    trie.add(np.arange(10, 30, dtype=np.int64), np.array([0]), np.array([1.0]), 20)  # one long candidate
+    trie.add(np.array([10, 11, 99], dtype=np.int64), np.array([0]), np.array([0.8]), 20)  # a branch after two tokens
+    assert 99 not in trie.tree(20)[0].tolist()  # undiscounted: the 20 nodes of the long candidate (weight 1.8 and 1)
+    ids, parents = trie.tree(20, 0.9)
+    assert 99 in ids.tolist() and ids.tolist()[:3] == [10, 11, 12]
+
+
+def test_tree_rejects_a_depth_decay_outside_0_1():
+    with pytest.raises(ValueError, match="depth_decay"):
+        DraftTrie().tree(4, 1.5)

@@ -5,7 +5,9 @@ weight to every node on its path, so a node's weight is the summed weight of the
 candidates that agree with the whole path to it: an estimate of how likely the model
 writes that path. Weights only shrink along a path (a child's candidates are a subset of
 its parent's), so the `max_nodes` heaviest nodes always form a subtree, and drafting them
-maximises the expected accepted tokens under that estimate.
+maximises the expected accepted tokens under that estimate. The estimate ignores that the
+model may leave every candidate; `tree(max_nodes, depth_decay)` prices that in with a
+discount per level, which keeps the subtree property.
 
 Buffers (allocated once, grown by the class, never inside a kernel):
 
@@ -148,15 +150,21 @@ def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, matc
 
 
 @njit(cache=True)
-def heaviest_nodes(parent, weight, count, max_nodes, out_nodes):
-    """Writes the `max_nodes` heaviest non-root nodes, in creation order, to out_nodes; returns how many.
+def heaviest_nodes(parent, weight, count, max_nodes, depth_decay, out_nodes):
+    """Writes the `max_nodes` non-root nodes of highest weight * depth_decay ** depth, in creation order, to out_nodes; returns how many.
 
-    Ties go to the earlier-created node, so a parent (created before its children and at
-    least as heavy) always comes before them: the result is closed under parent.
+    With depth_decay <= 1 a child never scores above its parent, and ties go to the
+    earlier-created node, so a parent always comes before its children: the result is
+    closed under parent. O(count log count).
     """
     if count <= 1:
         return 0
-    order = np.argsort(-weight[1:count], kind="mergesort")  # stable: equal weights keep creation order
+    score = np.empty(count - 1, dtype=np.float64)
+    depth = np.zeros(count, dtype=np.int64)
+    for node in range(1, count):  # parent[node] < node: depths in one pass
+        depth[node] = depth[parent[node]] + 1
+        score[node - 1] = weight[node] * depth_decay ** depth[node]
+    order = np.argsort(-score, kind="mergesort")  # stable: equal scores keep creation order
     taken = min(max_nodes, count - 1)
     chosen = np.sort(order[:taken]) + 1
     for i in range(taken):
@@ -263,10 +271,13 @@ class DraftTrie:
         out = np.empty(max(max_len, 0), dtype=np.int64)
         return out[: heaviest_path(self._token, self._weight, self._child, self._sibling, max_len, out)]
 
-    def tree(self, max_nodes: int) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, parent indices) of the max_nodes heaviest nodes; parents precede children, -1 is the root."""
+    def tree(self, max_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, parent indices) of the max_nodes heaviest nodes, each node's weight
+        discounted by depth_decay (<= 1) per level; parents precede children, -1 is the root."""
+        if not 0.0 < depth_decay <= 1.0:
+            raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_nodes, nodes)]
+        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_nodes, depth_decay, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
