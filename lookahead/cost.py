@@ -83,9 +83,11 @@ class DraftSizer:
 
     The per-token keep chance is estimated per anchor match length from counts of kept
     tokens and failures (a failure: the first drafted token the model did not write),
-    with old counts fading. Verified tokens count at once; the unverified rest of a cut
-    draft counts once the model's output shows how far it would have gone, so drafts
-    keep teaching the estimate while few or none of their tokens are verified.
+    with old counts fading. A match length seen rarely leans on the rate over all of them
+    (PRIOR_WEIGHT pseudo-counts of it), so a request's first steps, each anchored on a
+    longer match than the last, learn from one another. Verified tokens count at once;
+    the unverified rest of a cut draft counts token by token as the model writes it, so
+    drafts keep teaching the estimate while few or none of their tokens are verified.
 
     Args:
         costs: verify_costs(model).
@@ -93,16 +95,20 @@ class DraftSizer:
         fade: factor applied to old counts at each update.
     """
 
+    PRIOR_WEIGHT = 2.0  # pseudo-counts of the overall rate in each match length's estimate
+
     def __init__(self, costs: np.ndarray, max_ngram: int, *, fade: float = 0.9):
         self.costs = costs
-        self.kept = np.ones(max_ngram + 1)  # per anchor length: faded count of kept tokens (prior 1)
-        self.failed = np.ones(max_ngram + 1)  # and of failures (prior 1): a starts at 0.5
+        self.kept = np.zeros(max_ngram + 1)  # per anchor length: faded count of kept tokens
+        self.failed = np.zeros(max_ngram + 1)  # and of failures
+        self.overall = np.ones(2)  # faded (kept, failed) over all lengths, prior 1 each: 0.5 at first
         self.fade = fade
-        self._watched: list[tuple[int, list[int], int]] = []  # (match_len, unverified draft ids, position)
+        self._watched: list[list] = []  # [match_len, unverified draft ids, position, how many counted]
 
     def keep_chance(self, match_len: int) -> float:
         m = min(match_len, self.kept.shape[0] - 1)
-        return float(self.kept[m] / (self.kept[m] + self.failed[m]))
+        prior = self.overall[0] / self.overall.sum()
+        return float((self.kept[m] + self.PRIOR_WEIGHT * prior) / (self.kept[m] + self.failed[m] + self.PRIOR_WEIGHT))
 
     def size(self, match_len: int, available: int) -> int:
         """How many of `available` drafted tokens (anchored on match_len) to verify."""
@@ -112,9 +118,12 @@ class DraftSizer:
         return int(np.argmax(expected / self.costs[n + 1]))
 
     def update(self, match_len: int, kept: int, failed: bool) -> None:
+        if not kept and not failed:
+            return  # nothing learnt: old counts keep their weight
         m = min(match_len, self.kept.shape[0] - 1)
         self.kept[m] = self.fade * self.kept[m] + kept
         self.failed[m] = self.fade * self.failed[m] + failed
+        self.overall = self.fade * self.overall + (kept, failed)
 
     def tree_nodes(self, chain_size: int, max_nodes: int) -> int:
         """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
@@ -137,30 +146,28 @@ class DraftSizer:
         its first `verified` tokens checked, after which the model wrote `written`.
 
         Tokens the model wrote show whether the chain agreed even where the step verified
-        a tree; the chain's rest past what was written is watched (see settle).
+        a tree; the chain's rest past the verified tokens is watched (see settle).
         """
         checked = min(verified, len(written), len(draft_ids))
         agree = 0
         while agree < checked and draft_ids[agree] == written[agree]:
             agree += 1
-        if agree < checked:
-            self.update(match_len, agree, True)
-            return
-        if checked:
-            self.update(match_len, agree, False)
-        if agree < len(draft_ids):
-            self._watched.append((match_len, draft_ids[agree:], position + agree))
+        self.update(match_len, agree, agree < checked)
+        if agree == checked and agree < len(draft_ids):
+            self._watched.append([match_len, draft_ids[agree:], position + agree, 0])
 
     def settle(self, sequence: list[int]) -> None:
-        """Scores each watched rest as soon as the sequence shows where it fails or ends."""
+        """Counts the tokens of each watched rest that the sequence now shows kept, and its
+        failure once written; a rest is dropped when it fails or is wholly written."""
         still = []
-        for match_len, ids, position in self._watched:
-            written = sequence[position : position + len(ids)]
-            agree = 0
-            while agree < len(written) and written[agree] == ids[agree]:
+        for watched in self._watched:
+            match_len, ids, position, counted = watched
+            agree = counted
+            while agree < len(ids) and position + agree < len(sequence) and sequence[position + agree] == ids[agree]:
                 agree += 1
-            if agree < len(written) or len(written) == len(ids):
-                self.update(match_len, agree, agree < len(ids))
-            else:
-                still.append((match_len, ids, position))
+            failed = agree < len(ids) and position + agree < len(sequence)
+            self.update(match_len, agree - counted, failed)
+            watched[3] = agree
+            if not failed and agree < len(ids):
+                still.append(watched)
         self._watched = still

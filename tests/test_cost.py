@@ -15,36 +15,50 @@ def test_sizes_grow_with_acceptance_and_vanish_without_it():
     for _ in range(20):
         sizer.observed(8, list(range(16)), 16, list(range(17)), 0)
     assert sizer.size(8, 16) == 16
-    for _ in range(20):
+    for _ in range(40):
         sizer.observed(2, list(range(16)), 4, [99], 0)
     assert sizer.size(2, 16) == 0  # a plain step
     assert sizer.size(8, 16) == 16  # buckets are separate
 
 
-def test_unverified_rest_of_a_cut_draft_teaches_once_the_output_shows_it():
+def test_unverified_rest_of_a_cut_draft_teaches_as_the_output_shows_it():
     sizer = DraftSizer(LINEAR, max_ngram=4)
     before = sizer.keep_chance(4)
     sizer.observed(4, [7, 8, 9, 10], 1, [7, 8], position=5)  # verified [7]; [8, 9, 10] watched at 6
+    assert (sizer.kept[4], sizer.failed[4]) == (1, 0)
     assert sizer.keep_chance(4) > before
     sequence = [0] * 5 + [7, 8, 9]
-    sizer.settle(sequence)  # 8 and 9 agree so far, 10 not yet written: still watched
+    sizer.settle(sequence)  # 8 and 9 agree, 10 not yet written: counted, still watched
     assert len(sizer._watched) == 1
-    middle = sizer.keep_chance(4)
-    sizer.settle(sequence + [3])  # the model wrote 3 where the draft said 10: two kept, one failure
+    assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 + 2, 0))
+    sizer.settle(sequence)  # nothing new: nothing counted twice, nothing faded
+    assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 + 2, 0))
+    sizer.settle(sequence + [3])  # the model wrote 3 where the draft said 10: the failure
     assert not sizer._watched
-    assert sizer.keep_chance(4) != middle
+    assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 * (0.9 + 2), 1))
+
+
+def test_a_rarely_seen_match_length_leans_on_the_overall_rate():
+    sizer = DraftSizer(LINEAR, max_ngram=8)
+    assert sizer.keep_chance(6) == 0.5
+    for m in (2, 3, 4, 5):  # a request's first steps: each anchored on a longer match, each kept
+        sizer.observed(m, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], 0)
+    assert sizer.keep_chance(6) > 0.8  # never seen, yet most drafts were kept
+    for _ in range(5):
+        sizer.observed(7, [1, 2, 3, 4], 4, [9], 0)
+    assert sizer.keep_chance(7) < 0.3 < sizer.keep_chance(5)  # its own counts outweigh the rate
 
 
 def test_a_tree_step_teaches_through_the_chain_it_holds():
     sizer = DraftSizer(LINEAR, max_ngram=4)
     # the tree step verified 4 chain tokens' worth; the model wrote 7, 8, 5: the chain failed at its third token
     sizer.observed(2, [7, 8, 9, 10], 4, [7, 8, 5], position=0)
-    assert (sizer.kept[2], sizer.failed[2]) == pytest.approx((0.9 + 2, 0.9 + 1))  # priors of 1, faded
+    assert (sizer.kept[2], sizer.failed[2]) == (2, 1)
     assert not sizer._watched
     # the model wrote only 2 tokens, both the chain's: no failure seen yet, the rest watched
     sizer.observed(3, [7, 8, 9, 10], 4, [7, 8], position=0)
-    assert (sizer.kept[3], sizer.failed[3]) == pytest.approx((0.9 + 2, 0.9))
-    assert sizer._watched == [(3, [9, 10], 2)]
+    assert (sizer.kept[3], sizer.failed[3]) == (2, 0)
+    assert sizer._watched == [[3, [9, 10], 2, 0]]
 
 
 def test_tree_nodes_cost_about_what_the_chain_would():
