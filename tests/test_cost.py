@@ -61,12 +61,17 @@ def test_a_tree_step_teaches_through_the_chain_it_holds():
     assert sizer._watched == [[3, [9, 10], 2, 0]]
 
 
-def test_tree_nodes_cost_about_what_the_chain_would():
-    flat = np.ones(66)
-    flat[17:] = 1.05  # a GPU: wide blocks nearly free
-    assert DraftSizer(flat, max_ngram=8).tree_nodes(4, 64) == 64
+def test_tree_nodes_cost_no_more_than_the_chain_would():
+    assert DraftSizer(np.ones(66), max_ngram=8).tree_nodes(4, 64) == 64  # verification free: every node
+    gpu = np.ones(66)
+    gpu[17:] = 1.05  # 16 tokens for the price of 1, wider blocks a little dearer
+    assert DraftSizer(gpu, max_ngram=8).tree_nodes(4, 64) == 15
+    assert DraftSizer(gpu, max_ngram=8).tree_nodes(20, 64) == 64
     steep = 1 + 0.1 * np.arange(66.0)
-    assert DraftSizer(steep, max_ngram=8).tree_nodes(4, 64) == 5  # cost 1.5 * 1.1 = 1.65 buys 5 nodes (1.6)
+    assert DraftSizer(steep, max_ngram=8).tree_nodes(4, 64) == 4  # every node costs: the chain's size
+    plateau = np.maximum(1.0, 1 + 0.1 * (np.arange(66.0) - 8))  # 8 tokens for the price of 1, then rising
+    assert DraftSizer(plateau, max_ngram=8).tree_nodes(3, 64) == 7
+    assert DraftSizer(plateau, max_ngram=8).tree_nodes(12, 64) == 12
     assert DraftSizer(steep, max_ngram=8).tree_nodes(0, 64) == 0
 
 
