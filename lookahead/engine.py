@@ -54,8 +54,9 @@ def generate(
     or through transformers: `model.generate(**inputs, custom_generate=lookahead.generate,
     assistant=LookupDrafter())`. Either way transformers prepares the logits processors,
     stopping criteria and config as for plain generate. On the custom_generate path
-    transformers does not forward `streamer` (we read it from its frame) or `tokenizer`
-    (and refuses stop_strings without one): use the direct call for stop_strings.
+    transformers does not forward `streamer` (we read it from its frame) or `tokenizer`:
+    for stop_strings there, bind it, `custom_generate=functools.partial(lookahead.generate,
+    tokenizer=tokenizer)`.
 
     Args:
         model: a decoder-only transformers model.
@@ -118,7 +119,10 @@ def generate(
     drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
-        raise ValueError("stop_strings needs tokenizer= to decode the generated tokens")
+        raise ValueError(
+            "stop_strings needs tokenizer= to decode the generated tokens. Through model.generate(custom_generate=...) "
+            "transformers does not forward tokenizer=; bind it: custom_generate=functools.partial(lookahead.generate, tokenizer=tokenizer)"
+        )
     do_sample = bool(config.do_sample)
 
     sequence = input_ids[0].tolist()

@@ -1,5 +1,7 @@
 """lookahead.generate: our own loop, chains and trees, both entry points, against plain generate."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -118,6 +120,22 @@ def test_stop_string_completed_inside_an_accepted_block():
     new = got[0, len(prompt) :].tolist()
     assert new == plain_ids[: len(new)]
     assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1])
+
+
+def test_stop_strings_through_custom_generate_with_the_tokenizer_bound():
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model)
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0, len(prompt) :].tolist()
+    stop = tokenizer.decode(plain_ids).split()[8]
+    options = dict(max_new_tokens=60, do_sample=False, stop_strings=stop)
+    direct = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), tokenizer=tokenizer, **options)
+    bound = functools.partial(lookahead.generate, tokenizer=tokenizer)
+    through = model.generate(torch.tensor([prompt]), custom_generate=bound, assistant=LookupDrafter(), **options)
+    assert through.tolist() == direct.tolist()
+    assert direct.shape[1] < len(prompt) + 60  # the stop string ended it
+    with pytest.raises(ValueError, match="functools.partial"):  # transformers drops tokenizer= on this path
+        model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(), tokenizer=tokenizer, **options)
 
 
 def test_streamer_gets_prompt_then_every_new_token():
