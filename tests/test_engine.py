@@ -198,3 +198,21 @@ def test_tree_visibility_equals_walking_the_ancestors():
                 expected[i, j] = True
                 j = parents[j]
         assert torch.equal(lookahead.engine._tree_visibility(u, draft_parents), expected)
+
+
+@pytest.mark.parametrize("cost_16, trees", [(1.2, True), (2.4, False)])
+def test_default_drafts_trees_only_where_verification_is_cheap(monkeypatch, cost_16, trees):
+    costs = np.interp(np.arange(65), [1, 2, 4, 8, 16, 32, 64], [1, 1, 1, 1, cost_16, 2 * cost_16, 4 * cost_16])
+    monkeypatch.setattr(lookahead.engine, "verify_costs", lambda model: costs)
+    calls = []
+
+    class Spy(LookupDrafter):
+        def propose_tree(self, *args, **kwargs):
+            calls.append(1)
+            return super().propose_tree(*args, **kwargs)
+
+    model = tiny_model("llama")
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=Spy(), max_new_tokens=12, do_sample=False)
+    assert got.tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False).tolist()
+    assert bool(calls) == trees
