@@ -128,11 +128,11 @@ class DraftSizer:
         """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
 
         As many as cost no more than that chain: the heaviest nodes beyond the chain's are
-        the likeliest other continuations. Where wide blocks are nearly free (GPUs) that
-        is dozens of nodes, on a flat stretch of the cost curve the rest of the stretch,
-        where every token costs (this CPU) the chain's own size. A tree allowed 10% more
-        cost than the chain did worse in the modelled replay of the dev traces (2-5%
-        under the bf16 curve), 30% more much worse.
+        the likeliest other continuations. Where wide blocks are nearly free (GPUs) that is
+        dozens of nodes; where the chain ends inside a flat stretch of the cost curve, the
+        rest of the stretch; where every token costs, the chain's own size. Trees allowed
+        10% more cost than the chain did 2-5% worse in the modelled replay of the dev
+        traces under the bf16 curve, 30% more far worse.
         """
         if chain_size == 0:
             return 0

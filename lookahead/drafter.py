@@ -15,7 +15,7 @@ from lookahead.integrations.transformers import TransformersAssistant
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 8
-DEFAULT_DRAFT_FACTOR = 16.0  # no cap at 16 tokens: the verification loop cuts drafts by cost (cost_aware)
+DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost
 DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
 # Candidate weights (see LookupDrafter._fill_trie), measured with `lookahead replay --tree`.
 MATCH_WEIGHT = 2.0  # per matched token: a longer match outweighs two shorter ones
@@ -139,8 +139,9 @@ class LookupDrafter(TransformersAssistant):
         min_ngram: shortest suffix that may anchor a draft.
         max_ngram: longest suffix tried; longer matches are preferred.
         draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m)
-            tokens. The default caps nothing: which drafted tokens are worth verifying
-            depends on the hardware, and the loops decide that (cost_aware).
+            tokens. The default caps only drafts anchored on 1-3 tokens: which drafted
+            tokens are worth verifying depends on the hardware, and the loops decide that
+            (cost_aware).
         memory: what earlier requests wrote: True (default) for a private TokenStore of
             DEFAULT_MEMORY_TOKENS tokens, a TokenStore to share one between drafters (and
             threads), False for none. Each request's prompt and output are added to it when

@@ -72,8 +72,8 @@ def generate(
             times one).
         max_tree_nodes: node budget of a tree draft.
         cost_aware: cut chain drafts to the length worth verifying, and trees to the nodes
-            that cost about as much (lookahead.cost); with low acceptance that is
-            nothing, a plain step.
+            that cost no more (lookahead.cost); with low acceptance that is nothing, a
+            plain step.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
         stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
