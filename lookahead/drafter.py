@@ -21,6 +21,7 @@ DEFAULT_MEMORY_TOKENS = 262_144  # about 15 MB
 MATCH_WEIGHT = 2.0  # per matched token: a longer match outweighs two shorter ones
 STORE_WEIGHT = 0.5  # a store's match counts as one token shorter than the request's own
 SUBSTITUTION_WEIGHT = 0.25  # a substitution counts as two tokens shorter
+SKIP_WEIGHT = 1.0  # the model skipped a source token: counts as a match of the tokens before it
 TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
@@ -291,7 +292,9 @@ class LookupDrafter(TransformersAssistant):
         - substitutions: the `substitution_walk` most recent occurrences of the suffix
           without its last token (>= 2 tokens matched), continued one token later: the
           model replaced one token and goes on copying (an edited line, a paraphrased
-          word). Weighted SUBSTITUTION_WEIGHT as much;
+          word). Weighted SUBSTITUTION_WEIGHT as much; where the last token is the one
+          after that, the model skipped a token (a line break of reflowed text): continued
+          after it, weighted SKIP_WEIGHT as much;
         - the stores' longest matches (documents, then memory), weighted STORE_WEIGHT as much.
         Ties between equal weights go to the earlier added: the most recent occurrence.
         """
@@ -299,7 +302,7 @@ class LookupDrafter(TransformersAssistant):
         trie.clear()
         anchor, substituted = trie.add_suffix_candidates(
             self.index, depth, walk=walk, substitution_walk=substitution_walk,
-            match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT,
+            match_weight=MATCH_WEIGHT, substitution_scale=SUBSTITUTION_WEIGHT, skip_scale=SKIP_WEIGHT,
         )
         if anchor < self.max_ngram - 1:  # else no store's match can outweigh it
             recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)

@@ -25,7 +25,7 @@ def trie_weights(candidates, eos=()):
     return weights
 
 
-def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale):
+def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale, skip_scale=0.0):
     """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force."""
     tokens = list(tokens)
     n = len(tokens)
@@ -52,6 +52,8 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
         candidates.append((tokens[end + 1 : end + 1 + depth], match_weight**length))
     for e in occurrences(n - 2)[:substitution_walk]:
         m = agree(e, n - 2)
-        if m >= 2:
+        if m >= 2 and skip_scale > 0 and e + 2 < n - 1 and tokens[e + 2] == tokens[n - 1]:  # a skipped token
+            candidates.append((tokens[e + 3 : e + 3 + depth], skip_scale * match_weight**m))
+        elif m >= 2:
             candidates.append((tokens[e + 2 : e + 2 + depth], substitution_scale * match_weight**m))
     return candidates

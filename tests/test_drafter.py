@@ -105,6 +105,14 @@ def test_after_a_replaced_token_the_draft_resumes_copying():
     assert tuple(draft.token_ids.tolist()) in root_paths(drafter.propose_tree())
 
 
+def test_after_a_skipped_token_the_draft_resumes_copying_after_it():
+    # the source breaks a line (8) between 3 and 4; the model wrote 1 2 3 4 without it.
+    # A 1-token match of 4 elsewhere (4 0) must not win, nor re-drafting 4 as a substitution.
+    drafter = LookupDrafter(num_draft_tokens=4, memory=False)
+    drafter.reset([1, 2, 3, 8, 4, 5, 6, 7, 4, 0, 1, 2, 3, 4])
+    assert drafter.propose().token_ids.tolist() == [5, 6, 7, 4]
+
+
 def test_tree_respects_max_nodes_and_keeps_siblings_distinct():
     rng = np.random.default_rng(0)
     drafter = LookupDrafter(memory=False)

@@ -68,15 +68,17 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     walk=st.sampled_from([1, 3, 100]),
     substitution_walk=st.sampled_from([0, 2, 100]),
     depth=st.integers(1, 5),
+    skip_scale=st.sampled_from([0.0, 1.0]),
 )
-def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth):
+def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth, skip_scale):
     index = TokenIndex(min_ngram=min_ngram, max_ngram=4)
     index.extend(tokens)
     trie = DraftTrie()
     longest, substituted = trie.add_suffix_candidates(
-        index, depth, walk=walk, substitution_walk=substitution_walk, match_weight=2.0, substitution_scale=0.25
+        index, depth, walk=walk, substitution_walk=substitution_walk, match_weight=2.0, substitution_scale=0.25,
+        skip_scale=skip_scale,
     )
-    candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25)
+    candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25, skip_scale)
     assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates))
     assert longest == reference.longest_match(tokens, min_ngram, 4)[0]
 

@@ -68,13 +68,15 @@ def add_paths(source, starts, weights, depth, eos, token, parent, weight, child,
 
 
 @njit(cache=True, inline="always")
-def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, match_weight, depth,
-                     eos, token, parent, weight, child, sibling, count, out):
+def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, skip_scale,
+                     match_weight, depth, eos, token, parent, weight, child, sibling, count, out):
     # Walks the prev chain (kernels.index_ends) from first_end over at most `walk`
     # occurrences of the query tokens[:query_len], most recent first. One whose last m
     # tokens agree with the query's (min_match <= m <= max_ngram) adds
-    # tokens[end + shift : end + shift + depth] with weight scale * match_weight**m.
-    # Writes (count, longest m added, its end) to out[0:3].
+    # tokens[end + shift : end + shift + depth] with weight scale * match_weight**m; with
+    # skip_scale > 0, where tokens[end + shift] is the sequence's last token (the model
+    # skipped tokens[end + 1] and went on copying) it adds the tokens after that instead,
+    # with weight skip_scale * match_weight**m. Writes (count, longest m added, its end) to out[0:3].
     longest, longest_end = 0, -1
     end = first_end
     walked = 0
@@ -83,9 +85,10 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
         while m < max_ngram and m <= end and m < query_len and tokens[end - m] == tokens[query_len - 1 - m]:
             m += 1
         if m >= min_match:
-            start = end + shift
-            count = _add_path(tokens, start, min(start + depth, n), scale * match_weight**m, eos,
-                              token, parent, weight, child, sibling, count)
+            start, w = end + shift, scale * match_weight**m
+            if skip_scale > 0.0 and start < n - 1 and tokens[start] == tokens[n - 1]:
+                start, w = start + 1, skip_scale * match_weight**m
+            count = _add_path(tokens, start, min(start + depth, n), w, eos, token, parent, weight, child, sibling, count)
             if m > longest:
                 longest, longest_end = m, end
         end = prev[end]
@@ -95,7 +98,7 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
 
 @njit(cache=True)
 def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, substitution_scale,
-                          match_weight, depth, eos, token, parent, weight, child, sibling, count, ends, out):
+                          skip_scale, match_weight, depth, eos, token, parent, weight, child, sibling, count, ends, out):
     """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
 
     - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
@@ -104,6 +107,8 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
     - Substitutions: the `substitution_walk` most recent occurrences of the suffix
       without its last token, matching m >= 2 tokens, continued one token later (the
       last token replaced the one that followed them); substitution_scale * match_weight**m.
+      Where the last token is instead the one after that (the model skipped a token, such
+      as a line break of its source), the tokens after it; skip_scale * match_weight**m.
     Writes (count, longest match, longest substitution match) to out; `ends` (max_ngram + 1,)
     is scratch. The caller guarantees room for (walk + substitution_walk + 1) * depth nodes.
     Cost: O((walk + substitution_walk) * (max_ngram + depth * branching)).
@@ -113,7 +118,7 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
         return
     longest = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
     if longest:
-        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, match_weight, depth,
+        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_weight, depth,
                          eos, token, parent, weight, child, sibling, count, out)
         count = out[0]
         if out[1] < longest:  # the walk stopped before it (a frequent last token)
@@ -122,7 +127,7 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
                               token, parent, weight, child, sibling, count)
     # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
     _add_occurrences(tokens, prev, n, n - 1, prev[n - 2], max_ngram, substitution_walk, 2, 2, substitution_scale,
-                     match_weight, depth, eos, token, parent, weight, child, sibling, count, out)
+                     skip_scale, match_weight, depth, eos, token, parent, weight, child, sibling, count, out)
     out[2] = out[1]
     out[1] = longest
 
@@ -240,7 +245,7 @@ class DraftTrie:
         self._count = add_paths(source, starts, weights, depth, self.eos, *self._buffers(), self._count)
 
     def add_suffix_candidates(self, index, depth: int, *, walk: int, substitution_walk: int, match_weight: float,
-                              substitution_scale: float) -> tuple[int, int]:
+                              substitution_scale: float, skip_scale: float = 0.0) -> tuple[int, int]:
         """Adds the continuations of the index's current suffix (see the kernel of that name).
 
         Returns (longest match, longest substitution match); 0 where none.
@@ -248,7 +253,7 @@ class DraftTrie:
         self._reserve(self._count + (walk + substitution_walk + 1) * max(depth, 0))
         add_suffix_candidates(
             index._tokens, index._prev, index._table, len(index), index.min_ngram, index.max_ngram, walk, substitution_walk,
-            substitution_scale, match_weight, depth, self.eos, *self._buffers(), self._count, self._ends, self._out,
+            substitution_scale, skip_scale, match_weight, depth, self.eos, *self._buffers(), self._count, self._ends, self._out,
         )
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
@@ -306,7 +311,7 @@ def warm_up() -> int:
     index = TokenIndex(min_ngram=1, max_ngram=4)
     index.extend([4, 5, 4, 6, 9, 4])
     trie = DraftTrie()
-    trie.add_suffix_candidates(index, 2, walk=4, substitution_walk=4, match_weight=2.0, substitution_scale=0.5)
+    trie.add_suffix_candidates(index, 2, walk=4, substitution_walk=4, match_weight=2.0, substitution_scale=0.5, skip_scale=1.0)
     trie.add(np.array([4, 7, 8], dtype=np.int64), np.array([1]), np.array([1.0]), 2)
     trie.add(index._tokens, np.array([1]), np.array([1.0]), 2)
     trie.add_longest_match(index, index._tokens[:3], 2, match_weight=2.0, stop_token=9)
