@@ -58,7 +58,7 @@ class TransformersAssistant:
     _target_model = None  # weakref to the model being generated with, for the cost calibration
     _indexed: int = 0  # tokens of the current request the drafter has seen
     _sizer = None  # the request's DraftSizer when cost_aware
-    _sized = None  # (match_len, chain ids, tokens offered, position) of the last step, for the sizer
+    _sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -123,12 +123,13 @@ class TransformersAssistant:
             self.extend(verified)
             if self._sizer is not None:
                 if self._sized is not None:  # what the last step drafted, against what the model wrote
-                    self._sizer.observed(*self._sized[:3], verified.tolist(), self._sized[3])
+                    chain, offered, position = self._sized
+                    self._sizer.observed(chain.match_len, chain.token_ids.tolist(), offered, verified.tolist(), position)
                 self._sizer.settle(self.index.tokens)
         self._indexed = input_ids.shape[1]
 
         chain, draft, size = plan_step(self, self._sizer, max_new_tokens)
-        self._sized = (chain.match_len, chain.token_ids.tolist(), size, self._indexed) if len(chain) else None
+        self._sized = (chain, size, self._indexed) if self._sizer is not None and len(chain) else None
         sampling = bool(generation_config.do_sample)
         token_ids = draft.token_ids
         if sampling and token_ids.shape[0] == 0 and max_new_tokens > 0:
