@@ -14,9 +14,8 @@ import torch
 import transformers
 from transformers import LogitsProcessorList
 
-from lookahead import LookupDrafter
-from lookahead import workloads
-from lookahead.cost import verify_costs
+from lookahead import LookupDrafter, verify_costs
+from lookahead.bench import workloads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--workload", choices=["code-edit", "summarize", "chat"], default="code-edit")

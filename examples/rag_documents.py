@@ -18,7 +18,7 @@ import transformers
 from transformers import LogitsProcessorList
 
 from lookahead import DocumentLibrary, LookupDrafter
-from lookahead import workloads
+from lookahead.bench import workloads
 
 bpe = workloads.tokenizer()
 root = Path(sysconfig.get_paths()["stdlib"])

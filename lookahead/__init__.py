@@ -1,13 +1,17 @@
-"""lookahead: training-free drafting that makes language models generate faster, output unchanged."""
+"""lookahead: training-free drafting that makes language models generate faster, output unchanged.
+
+The drafting core (index, drafter, stores, sizing) needs numpy and numba only;
+`generate` and `verify_costs` need torch and transformers and are imported on first use.
+"""
 
 from lookahead.documents import DocumentLibrary
-from lookahead.drafter import Draft, DraftStats, LookupDrafter
-from lookahead.engine import generate
+from lookahead.draft import Draft, DraftStats
+from lookahead.drafter import LookupDrafter
+from lookahead.errors import StoreFileError, UnsupportedGenerationError
 from lookahead.index import TokenIndex
-from lookahead.integrations.transformers import UnsupportedGenerationError
-from lookahead.store import StoreFileError, TokenStore
+from lookahead.store import TokenStore
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "DocumentLibrary",
@@ -19,5 +23,19 @@ __all__ = [
     "TokenStore",
     "UnsupportedGenerationError",
     "generate",
+    "verify_costs",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # PEP 562: the torch-side names load on first use, so `import lookahead` stays torch-free.
+    if name == "generate":
+        from lookahead.integrations.engine import generate
+
+        return generate
+    if name == "verify_costs":
+        from lookahead.integrations.calibration import verify_costs
+
+        return verify_costs
+    raise AttributeError(f"module 'lookahead' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 import sys
 
-from lookahead.cli import main
+from lookahead.bench.cli import main
 
 sys.exit(main())

@@ -11,8 +11,8 @@ indexed for the request.
 import ahocorasick
 import numpy as np
 
-from lookahead.index.token_index import _as_token_array
-from lookahead.store import TokenStore, as_sequence
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, as_token_ids
+from lookahead.store import TokenStore
 
 DEFAULT_KEY_NGRAM = 12  # documents are found through shared 12-token runs
 DEFAULT_STRIDE = 4  # a key at every 4th position: any shared run of 12 + 4 - 1 = 15 tokens is found
@@ -71,7 +71,7 @@ class DocumentLibrary:
 
     def add(self, token_ids) -> None:
         """Adds one document (1-D token ids)."""
-        ids = as_sequence(token_ids)
+        ids = as_token_ids(token_ids, name="document token ids")
         if ids.size == 0:
             return
         doc = len(self.documents)
@@ -99,12 +99,12 @@ class DocumentLibrary:
             self._automaton.make_automaton()
             self._automaton_stale = False
         hits: dict[int, int] = {}
-        for _, key in self._automaton.iter(_as_text(_as_token_array(prompt_ids))):
+        for _, key in self._automaton.iter(_as_text(as_token_ids(prompt_ids, name="prompt ids"))):
             for doc in self._keys[key]:
                 hits[doc] = hits.get(doc, 0) + 1
         return sorted(hits, key=lambda doc: (-hits[doc], doc))[: self.max_documents]
 
-    def store_for(self, prompt_ids, *, min_ngram: int = 1, max_ngram: int = 8) -> TokenStore | None:
+    def store_for(self, prompt_ids, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> TokenStore | None:
         """A TokenStore of the documents relevant to a request (all of them in a small library); None if none."""
         if not self.documents:
             return None
@@ -129,9 +129,7 @@ class DocumentLibrary:
     @classmethod
     def load(cls, path, **kwargs) -> "DocumentLibrary":
         """Reads a library written by `save`; StoreFileError if the file is not one, and nothing is built."""
-        store = TokenStore.load(path)
-        tokens = store._index.tokens.astype(np.int64)
         library = cls(**kwargs)
-        for start, stop in zip(store._starts, store._starts[1:] + [tokens.size]):
-            library.add(tokens[start : stop - 1])  # each sequence ends with its separator
+        for document in TokenStore.load(path).sequences():
+            library.add(document)
         return library

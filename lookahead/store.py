@@ -11,25 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.index import TokenIndex, kernels
-from lookahead.index.token_index import _as_token_array
+from lookahead.errors import StoreFileError
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, SEPARATOR, TokenIndex, as_token_ids
 
-SEPARATOR = 2**31 - 1  # ends every sequence: no gram spans two sequences, none ends at the last position
+DEFAULT_MAX_TOKENS = 262_144  # about 15 MB (about 60 bytes a token, see TokenIndex)
 _FORMAT = "lookahead.TokenStore"
 _VERSION = 1
-_NOTHING = np.zeros(0, dtype=np.int64)
-
-
-def as_sequence(token_ids) -> np.ndarray:
-    """Validates a stored sequence: 1-D token ids below SEPARATOR; int64 numpy."""
-    ids = _as_token_array(token_ids)
-    if ids.size and int(ids.max()) >= SEPARATOR:
-        raise ValueError(f"token ids must be < {SEPARATOR} (reserved as the separator), got {int(ids.max())}")
-    return ids
-
-
-class StoreFileError(ValueError):
-    """A saved store that cannot be loaded: corrupt, truncated, foreign or of another version."""
 
 
 class TokenStore:
@@ -47,12 +34,13 @@ class TokenStore:
     Example:
         >>> store = TokenStore()
         >>> store.add([10, 11, 12, 13])
-        >>> length, continuation = store.propose([5, 11, 12], max_tokens=4)
-        >>> length, continuation.tolist()
-        (2, [13])
+        >>> store.add([20, 21])
+        >>> [ids.tolist() for ids in store.sequences()]
+        [[10, 11, 12, 13], [20, 21]]
     """
 
-    def __init__(self, *, max_tokens: int = 1_000_000, min_ngram: int = 1, max_ngram: int = 8):
+    def __init__(self, *, max_tokens: int = DEFAULT_MAX_TOKENS, min_ngram: int = DEFAULT_MIN_NGRAM,
+                 max_ngram: int = DEFAULT_MAX_NGRAM):
         if not isinstance(max_tokens, int) or max_tokens < 16:
             raise ValueError(f"max_tokens must be an int >= 16, got {max_tokens!r}")
         self.max_tokens = max_tokens
@@ -73,8 +61,8 @@ class TokenStore:
         return self._index.nbytes
 
     def add(self, token_ids) -> None:
-        """Appends one sequence (1-D token ids, each < 2**31 - 1)."""
-        ids = as_sequence(token_ids)
+        """Appends one sequence (1-D token ids in [0, MAX_TOKEN_ID])."""
+        ids = as_token_ids(token_ids)
         if ids.size == 0:
             return
         ids = ids[-(self.max_tokens - 1) :]  # a sequence longer than the store keeps its end
@@ -83,32 +71,26 @@ class TokenStore:
                 self._evict(ids.size + 1)
             self._starts.append(len(self._index))
             self._index.extend(ids)
-            self._index.append(SEPARATOR)
+            self._index.end_sequence()
 
-    def propose(self, query: np.ndarray, max_tokens: int) -> tuple[int, np.ndarray]:
-        """(match length, continuation) for the longest suffix of `query` found in the store.
+    def sequences(self) -> list[np.ndarray]:
+        """The held sequences, oldest first (int64 copies, separators removed)."""
+        with self._lock:
+            tokens = self._index.tokens.astype(np.int64)
+            starts = list(self._starts)
+        ends = starts[1:] + [tokens.shape[0]]
+        return [tokens[start : end - 1] for start, end in zip(starts, ends)]  # each sequence ends with its separator
 
-        `query` holds token ids (only the last max_ngram matter). The continuation follows
-        the match's most recent occurrence and stops at the end of its sequence; it is
-        empty, with length 0, when nothing matched.
+    def add_continuation(self, trie, query: np.ndarray, num_draft_tokens: int, *, match_base: float, scale: float) -> int:
+        """Adds to a DraftTrie what followed the most recent occurrence of the longest suffix of
+        `query` (1-D int32 or int64 numpy ids), up to num_draft_tokens tokens and the end of
+        its sequence, weighted scale * match_base**match_len; returns match_len (0: nothing added).
+
+        One kernel call under the lock: the per-step path of a drafter.
         """
         with self._lock:
-            length, end = self._index.longest_match(query)
-            if length == 0:
-                return 0, _NOTHING
-            tokens = self._index.continuation(end, max_tokens)
-        stop = kernels.first_invalid(tokens, SEPARATOR)  # the first id >= SEPARATOR: the sequence's end
-        return length, tokens[:stop] if stop >= 0 else tokens
-
-    def add_continuation(self, trie, query: np.ndarray, depth: int, *, match_weight: float, scale: float) -> int:
-        """Adds to a DraftTrie what `propose(query, depth)` would return, weighted
-        scale * match_weight**m for an m-token match; returns m (0: nothing added).
-
-        `query`: 1-D int32 or int64 numpy token ids. One kernel call under the lock: the
-        per-step path of a drafter.
-        """
-        with self._lock:
-            return trie.add_longest_match(self._index, query, depth, match_weight=match_weight, scale=scale, stop_token=SEPARATOR)
+            return trie.add_longest_match(self._index.buffers(), query, num_draft_tokens, match_base=match_base, scale=scale,
+                                          stop_token=SEPARATOR)
 
     def _evict(self, room: int) -> None:
         # Keep the newest sequences that fit in half the cap (and leave `room`).
@@ -116,14 +98,20 @@ class TokenStore:
         budget = min(self.max_tokens // 2, self.max_tokens - room)
         while keep_from > 0 and len(self._index) - self._starts[keep_from - 1] <= budget:
             keep_from -= 1
-        if keep_from == len(self._starts):
-            kept = np.zeros(0, dtype=np.int64)
-        else:
-            kept = self._index.tokens[self._starts[keep_from] :].astype(np.int64)
-        shift = self._starts[keep_from] if keep_from < len(self._starts) else 0
-        self._starts = [s - shift for s in self._starts[keep_from:]]
+        kept = self._index.tokens[self._starts[keep_from] :] if keep_from < len(self._starts) else self._index.tokens[:0]
+        self._refill(kept.astype(np.int64))
+
+    def _refill(self, tokens: np.ndarray) -> None:
+        """Replaces the contents by `tokens`: whole sequences, each ended by SEPARATOR."""
+        ends = np.flatnonzero(tokens == SEPARATOR)
         self._index.clear()
-        self._index.extend(kept)
+        self._starts = []
+        start = 0
+        for end in ends.tolist():
+            self._starts.append(len(self._index))
+            self._index.extend(tokens[start:end])
+            self._index.end_sequence()
+            start = end + 1
 
     # -- persistence -----------------------------------------------------------------------
 
@@ -165,6 +153,5 @@ class TokenStore:
         if not valid:
             raise StoreFileError(f"{path}: corrupt lookahead store (tokens and sequence starts disagree)")
         store = cls(max_tokens=header["max_tokens"], min_ngram=header["min_ngram"], max_ngram=header["max_ngram"])
-        store._index.extend(tokens)
-        store._starts = starts
+        store._refill(tokens)
         return store

@@ -12,6 +12,19 @@ def longest_match(tokens, min_ngram, max_ngram):
     return 0, -1
 
 
+def store_continuation(sequences, query, min_ngram, max_ngram, num_draft_tokens):
+    """(match_len, continuation) of the most recent occurrence of the longest suffix of `query`
+    (min_ngram..max_ngram tokens) in any of `sequences`, cut at that sequence's end."""
+    for g in range(min(max_ngram, len(query)), min_ngram - 1, -1):
+        gram = list(query[-g:])
+        for seq in reversed(sequences):
+            seq = list(seq)
+            for end in range(len(seq) - 1, g - 2, -1):
+                if seq[end - g + 1 : end + 1] == gram:
+                    return g, seq[end + 1 : end + 1 + num_draft_tokens]
+    return 0, []
+
+
 def trie_weights(candidates, eos=()):
     """{path (tuple of tokens): summed weight} over candidates (token list, weight), each cut before an EOS."""
     weights = {}

@@ -15,12 +15,12 @@ def test_propose_copies_what_followed_the_longest_most_recent_match():
     assert drafter.propose().token_ids.tolist() == [8, 1, 2, 4]
 
 
-def test_propose_respects_max_tokens_and_returns_the_empty_draft_without_a_match():
+def test_propose_respects_num_draft_tokens_and_returns_the_empty_draft_without_a_match():
     drafter = LookupDrafter(num_draft_tokens=8, memory=False)
     drafter.reset([1, 2, 3, 1, 2])
     assert len(drafter.propose()) == 3  # one token left to copy after [1, 2]
-    assert len(drafter.propose(max_tokens=1)) == 1
-    assert len(drafter.propose(max_tokens=0)) == 0
+    assert len(drafter.propose(num_draft_tokens=1)) == 1
+    assert len(drafter.propose(num_draft_tokens=0)) == 0
     drafter.reset([1, 2, 3])
     empty = drafter.propose()
     assert len(empty) == 0 and empty.token_ids.dtype == np.int64
@@ -55,7 +55,7 @@ def test_stats_arithmetic_and_bad_records():
     stats.record(4)
     stats.record_accepted(1)
     assert (stats.steps, stats.drafted, stats.accepted, stats.tokens) == (2, 8, 5, 7)
-    assert stats.tokens_per_step == 3.5
+    assert stats.tau == 3.5
     with pytest.raises(ValueError, match="drafted=4"):
         stats.record_accepted(5)
 
@@ -113,12 +113,12 @@ def test_after_a_skipped_token_the_draft_resumes_copying_after_it():
     assert drafter.propose().token_ids.tolist() == [5, 6, 7, 4]
 
 
-def test_tree_respects_max_nodes_and_keeps_siblings_distinct():
+def test_tree_respects_max_tree_nodes_and_keeps_siblings_distinct():
     rng = np.random.default_rng(0)
     drafter = LookupDrafter(memory=False)
     drafter.reset(rng.integers(0, 4, 500))
-    for max_nodes in (1, 5, 64):
-        tree = drafter.propose_tree(max_nodes=max_nodes)
-        assert 1 <= len(tree) <= max_nodes
+    for max_tree_nodes in (1, 5, 64):
+        tree = drafter.propose_tree(max_tree_nodes=max_tree_nodes)
+        assert 1 <= len(tree) <= max_tree_nodes
         pairs = list(zip(tree.parents.tolist(), tree.token_ids.tolist()))
         assert len(pairs) == len(set(pairs))

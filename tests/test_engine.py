@@ -9,10 +9,10 @@ from transformers import AutoTokenizer
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
-from lookahead.engine import _tree_supported
+from lookahead.integrations import engine
+from lookahead.integrations.engine import _tree_supported
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
-from tests.test_greedy_exact import make_case
-from tests.test_transformers_usage import Collect
+from tests.cases import Collect, make_case, story_prompt
 
 TREE_FAMILIES = ["llama", "qwen2", "mistral", "phi3"]
 CASES = 12
@@ -50,18 +50,13 @@ def test_custom_generate_entry_matches_plain_generate(seed):
     assert got.tolist() == plain(model, case).tolist()
 
 
-def story_prompt(model, length=60):
-    story = model.generate(torch.tensor([[1]]), max_new_tokens=length, do_sample=False)[0].tolist()
-    return story + story[1:6]
-
-
 @pytest.mark.parametrize("tree", [True, False])
 def test_trained_model_long_accepts_are_exact(tree):
     model = stories_model()
     prompt = story_prompt(model)
     expected = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)
-    drafter = LookupDrafter(draft_factor=16)
-    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=tree, cost_aware=False, max_new_tokens=60, do_sample=False)
+    drafter = LookupDrafter(draft_factor=16, cost_aware=False)
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=tree, max_new_tokens=60, do_sample=False)
     assert got.tolist() == expected.tolist()
     assert max(drafter.stats.accepted_per_step) >= 8
     assert drafter.stats.tokens >= 60  # our loop sees every step, the last one too
@@ -72,20 +67,20 @@ def test_tree_steps_keep_exactly_the_accepted_path_in_the_cache():
     model = stories_model()
     prompt = story_prompt(model)
     captured = {}
-    original = lookahead.engine._keep_in_cache
+    original = engine._keep_in_cache
 
     def spy(cache, cached, keep, block_len, is_chain):
         original(cache, cached, keep, block_len, is_chain)
         captured["cache"], captured["trees"] = cache, captured.get("trees", 0) + (not is_chain)
 
-    lookahead.engine._keep_in_cache = spy
+    engine._keep_in_cache = spy
     try:
         # cost_aware=False: tree sizes would follow this process's timing calibration, and a
         # noisy one can cut every tree to a plain step, leaving nothing to check.
-        out = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), tree=True, cost_aware=False,
+        out = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(cost_aware=False), tree=True,
                                  max_new_tokens=40, do_sample=False)
     finally:
-        lookahead.engine._keep_in_cache = original
+        engine._keep_in_cache = original
     assert captured["trees"] > 0
     cache = captured["cache"]
     kept = cache.get_seq_length()
@@ -147,16 +142,6 @@ def test_streamer_gets_prompt_then_every_new_token():
     assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
 
 
-def test_streamer_works_through_custom_generate_too():
-    model = stories_model()
-    prompt = story_prompt(model)
-    streamer = Collect()
-    out = model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(),
-                         max_new_tokens=30, do_sample=False, streamer=streamer)
-    assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
-    assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
-
-
 def test_tree_support_by_family():
     assert [f for f in FAMILIES if _tree_supported(tiny_model(f))] == TREE_FAMILIES
 
@@ -197,13 +182,13 @@ def test_tree_visibility_equals_walking_the_ancestors():
             while j >= 0:
                 expected[i, j] = True
                 j = parents[j]
-        assert torch.equal(lookahead.engine._tree_visibility(u, draft_parents), expected)
+        assert torch.equal(engine._tree_visibility(u, draft_parents), expected)
 
 
 @pytest.mark.parametrize("cost_16, trees", [(1.2, True), (2.4, False)])
 def test_default_drafts_trees_only_where_verification_is_cheap(monkeypatch, cost_16, trees):
     costs = np.interp(np.arange(65), [1, 2, 4, 8, 16, 32, 64], [1, 1, 1, 1, cost_16, 2 * cost_16, 4 * cost_16])
-    monkeypatch.setattr(lookahead.engine, "verify_costs", lambda model: costs)
+    monkeypatch.setattr(engine, "verify_costs", lambda model: costs)
     calls = []
 
     class Spy(LookupDrafter):

@@ -1,63 +1,50 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
-import threading
-
 import numpy as np
 import pytest
 
 from lookahead import LookupDrafter, StoreFileError, TokenStore
-from lookahead.store import SEPARATOR
+from lookahead.index import SEPARATOR
+from lookahead.trie import DraftTrie
+from tests import reference
+from tests.threads import run_in_threads
 
 
-def test_propose_follows_the_most_recent_longest_match_and_stops_at_the_sequence_end():
+def continuation(store: TokenStore, query, num_draft_tokens: int = 8) -> tuple[int, list[int]]:
+    """(match_len, continuation) the store adds to a draft trie for `query`: the drafter's path."""
+    trie = DraftTrie()
+    match_len = store.add_continuation(trie, np.asarray(query, dtype=np.int64), num_draft_tokens, match_base=2.0, scale=0.5)
+    return match_len, trie.path(num_draft_tokens).tolist()
+
+
+def test_continuation_follows_the_most_recent_longest_match_and_stops_at_the_sequence_end():
     store = TokenStore(min_ngram=1, max_ngram=4)
     store.add([1, 2, 3, 4, 5])
     store.add([9, 2, 3, 7])
-    length, ids = store.propose(np.array([8, 2, 3]), max_tokens=8)
-    assert (length, ids.tolist()) == (2, [7])  # the newer sequence; no token of a neighbour
-    length, ids = store.propose(np.array([1, 2, 3]), max_tokens=8)
-    assert (length, ids.tolist()) == (3, [4, 5])
-    assert store.propose(np.array([6]), max_tokens=8)[0] == 0
+    assert continuation(store, [8, 2, 3]) == (2, [7])  # the newer sequence; no token of a neighbour
+    assert continuation(store, [1, 2, 3]) == (3, [4, 5])
+    assert continuation(store, [6])[0] == 0
 
 
-def test_store_matches_brute_force_over_random_sequences():
+def test_store_continuations_equal_brute_force_over_random_sequences():
     rng = np.random.default_rng(0)
     store = TokenStore(min_ngram=1, max_ngram=5)
-    flat = []
+    sequences = []
     for _ in range(30):
         seq = rng.integers(0, 6, rng.integers(1, 30)).tolist()
         store.add(seq)
-        flat += seq + [SEPARATOR]
-    for _ in range(200):
-        query = rng.integers(0, 6, 5).tolist()
-        got = store.propose(np.array(query), max_tokens=1)[0]
-        expected = max((g for g in range(1, 6) if _occurs(flat, query[-g:])), default=0)
-        assert got == expected
-
-
-def test_add_continuation_adds_what_propose_returns_to_a_trie():
-    from lookahead.index.trie import DraftTrie
-
-    rng = np.random.default_rng(1)
-    store = TokenStore(min_ngram=1, max_ngram=4)
-    for _ in range(20):
-        store.add(rng.integers(0, 5, rng.integers(1, 12)))
+        sequences.append(seq)
+    assert [s.tolist() for s in store.sequences()] == sequences
     trie = DraftTrie()
-    for _ in range(100):
-        query = rng.integers(0, 5, 4)
+    for _ in range(200):
+        query = rng.integers(0, 6, 5)
         trie.clear()
-        length = store.add_continuation(trie, query.astype(np.int32), 6, match_weight=2.0, scale=0.5)
-        expected_length, expected = store.propose(query, 6)
-        assert length == expected_length
-        assert trie.path(6).tolist() == expected.tolist()  # one path: the continuation, cut at the separator
-        assert len(trie) == expected.shape[0]
-        if len(trie):
-            assert trie._weight[1] == 0.5 * 2.0**length
-
-
-def _occurs(flat, gram):
-    n = len(gram)
-    return any(flat[i : i + n] == gram for i in range(len(flat) - n + 1))
+        match_len = store.add_continuation(trie, query.astype(np.int32), 6, match_base=2.0, scale=0.5)
+        expected_len, expected = reference.store_continuation(sequences, query.tolist(), 1, 5, 6)
+        assert match_len == expected_len
+        assert trie.path(6).tolist() == expected  # one path: the continuation, cut at the sequence end
+        ids, parents, weights = trie.nodes()
+        assert ids.tolist() == expected and (weights == 0.5 * 2.0**match_len).all()
 
 
 def test_eviction_keeps_the_newest_sequences_under_the_cap():
@@ -65,13 +52,13 @@ def test_eviction_keeps_the_newest_sequences_under_the_cap():
     for i in range(40):
         store.add([1000 + i, 1, 2, 3, 2000 + i])
         assert len(store) <= 100
-    assert store.propose(np.array([1000 + 39]), 4)[1].tolist() == [1, 2, 3, 2039]
-    assert store.propose(np.array([1000 + 0]), 4)[0] == 0  # the oldest is gone
+    assert continuation(store, [1000 + 39], 4) == (1, [1, 2, 3, 2039])
+    assert continuation(store, [1000 + 0], 4)[0] == 0  # the oldest is gone
+    assert store.sequences()[-1].tolist() == [1039, 1, 2, 3, 2039]
 
 
 def test_concurrent_adds_and_queries_from_threads():
     store = TokenStore(max_tokens=5_000, min_ngram=1, max_ngram=4)
-    errors = []
 
     def writer(seed):
         rng = np.random.default_rng(seed)
@@ -80,21 +67,20 @@ def test_concurrent_adds_and_queries_from_threads():
 
     def reader(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(2_000):
-                length, ids = store.propose(rng.integers(0, 50, 4), 8)
-                assert 0 <= length <= 4 and ids.shape[0] <= 8 and (ids < 50).all()
-        except AssertionError as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(2_000):
+            match_len, ids = continuation(store, rng.integers(0, 50, 4), 8)
+            assert 0 <= match_len <= 4 and len(ids) <= 8 and all(t < 50 for t in ids)
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(3)]
-    threads += [threading.Thread(target=reader, args=(10 + i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(*[lambda i=i: writer(i) for i in range(3)], *[lambda i=i: reader(10 + i) for i in range(3)])
     assert len(store) <= 5_000
+
+
+def test_a_worker_that_raises_fails_the_test():
+    def boom():
+        raise KeyError("worker failed")
+
+    with pytest.raises(KeyError, match="worker failed"):
+        run_in_threads(lambda: None, boom)
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -104,9 +90,9 @@ def test_save_and_load_round_trip(tmp_path):
     store.save(tmp_path / "s.npz")
     loaded = TokenStore.load(tmp_path / "s.npz")
     assert (loaded.max_tokens, loaded.num_sequences, len(loaded)) == (1000, 2, len(store))
+    assert [s.tolist() for s in loaded.sequences()] == [[1, 2, 3, 4], [5, 2, 3, 9]]
     for query in ([2, 3], [1, 2, 3], [7]):
-        a, b = store.propose(np.array(query), 4), loaded.propose(np.array(query), 4)
-        assert a[0] == b[0] and a[1].tolist() == b[1].tolist()
+        assert continuation(store, query, 4) == continuation(loaded, query, 4)
 
 
 def _corrupt(path, header=None, tokens=None):
@@ -156,7 +142,7 @@ def test_bad_store_input():
     with pytest.raises(ValueError, match="max_tokens"):
         TokenStore(max_tokens=3)
     store = TokenStore()
-    with pytest.raises(ValueError, match="reserved as the separator"):
+    with pytest.raises(ValueError, match=str(SEPARATOR)):
         store.add([SEPARATOR])
 
 
@@ -213,21 +199,13 @@ def test_generate_calls_in_threads_share_one_memory_and_stay_exact():
     memory = TokenStore()
     prompts = [[1] + model.generate(torch.tensor([[1, t]]), max_new_tokens=20, do_sample=False)[0, 1:].tolist() for t in (30, 40, 50, 60)]
     expected = [model.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False).tolist() for p in prompts]
-    results, errors = {}, []
+    results = {}
 
     def worker(i):
         drafter = LookupDrafter(memory=memory)  # one drafter per thread, one memory for all
-        try:
-            for _ in range(2):
-                results[i] = model.generate(torch.tensor([prompts[i]]), max_new_tokens=30, do_sample=False, assistant_model=drafter).tolist()
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(2):
+            results[i] = model.generate(torch.tensor([prompts[i]]), max_new_tokens=30, do_sample=False, assistant_model=drafter).tolist()
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(*[lambda i=i: worker(i) for i in range(len(prompts))])
     assert [results[i] for i in range(len(prompts))] == expected
     assert memory.num_sequences >= len(prompts)  # each second call filed its first request

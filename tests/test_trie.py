@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead import TokenIndex
-from lookahead.index import trie as trie_module
-from lookahead.index.trie import DraftTrie
+from lookahead import trie as trie_module
+from lookahead.trie import DraftTrie
 from tests import reference
 
 
@@ -18,11 +18,11 @@ def test_warm_up_compiles_every_kernel():
 
 def node_weights(trie: DraftTrie) -> dict:
     """{path from the root: weight} of every node of the trie."""
-    ids, parents = trie.tree(len(trie))  # all nodes, in creation order: draft node i is trie node i + 1
+    ids, parents, weights = trie.nodes()
     paths = []
     for token, parent in zip(ids.tolist(), parents.tolist()):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    return {path: float(trie._weight[i + 1]) for i, path in enumerate(paths)}
+    return dict(zip(paths, weights.tolist()))
 
 
 candidate_lists = st.lists(
@@ -33,9 +33,9 @@ candidate_lists = st.lists(
 
 
 @settings(max_examples=200, deadline=None)
-@given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_nodes=st.integers(1, 40),
+@given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_tree_nodes=st.integers(1, 40),
        depth_decay=st.sampled_from([1.0, 0.9, 0.5]))
-def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_nodes, depth_decay):
+def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_tree_nodes, depth_decay):
     trie = DraftTrie()
     trie.eos = np.array(eos, dtype=np.int64)
     for tokens, weight in candidates:  # one at a time from its own source, as stores are added
@@ -43,9 +43,9 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     expected = reference.trie_weights([(tokens[:depth], w) for tokens, w in candidates], eos)
     assert node_weights(trie) == pytest.approx(expected)
     assert trie.tree(len(trie) + 5)[0].shape[0] == len(expected)
-    # tree(): the max_nodes heaviest after the depth discount, closed under parent, parents first
-    ids, parents = trie.tree(max_nodes, depth_decay)
-    assert ids.shape[0] == min(max_nodes, len(expected))
+    # tree(): the max_tree_nodes heaviest after the depth discount, closed under parent, parents first
+    ids, parents = trie.tree(max_tree_nodes, depth_decay)
+    assert ids.shape[0] == min(max_tree_nodes, len(expected))
     assert all(p < i for i, p in enumerate(parents.tolist()))
     paths = []
     for token, parent in zip(ids.tolist(), parents.tolist()):
@@ -75,7 +75,7 @@ def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substituti
     index.extend(tokens)
     trie = DraftTrie()
     longest, substituted = trie.add_suffix_candidates(
-        index, depth, walk=walk, substitution_walk=substitution_walk, match_weight=2.0, substitution_scale=0.25,
+        index.buffers(), depth, walk=walk, substitution_walk=substitution_walk, match_base=2.0, substitution_scale=0.25,
         skip_scale=skip_scale,
     )
     candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25, skip_scale)

@@ -1,6 +1,7 @@
-"""The token index: numba kernels (`kernels`) and the class over them (`TokenIndex`);
-the draft trie that merges candidate continuations (`trie.DraftTrie`)."""
+"""The token index: numba kernels (`kernels`) and the class over them (`TokenIndex`)."""
 
-from lookahead.index.token_index import TokenIndex
+from lookahead.index.token_index import (
+    DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, MAX_TOKEN_ID, SEPARATOR, IndexBuffers, TokenIndex, as_token_ids,
+)
 
-__all__ = ["TokenIndex"]
+__all__ = ["DEFAULT_MAX_NGRAM", "DEFAULT_MIN_NGRAM", "MAX_TOKEN_ID", "SEPARATOR", "IndexBuffers", "TokenIndex", "as_token_ids"]

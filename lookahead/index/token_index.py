@@ -1,15 +1,33 @@
 """`TokenIndex`: an incremental n-gram index over a growing sequence of token ids."""
 
+from typing import NamedTuple
+
 import numpy as np
 
 from lookahead.index import kernels
 
+DEFAULT_MIN_NGRAM = 1  # a single token may anchor a draft
+DEFAULT_MAX_NGRAM = 8  # longer suffixes add under 0.3% tokens per step on the dev traces
 _GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
 _MAX_LOAD = 0.82  # slots used / slots, before the table grows
 _MIN_SLOTS = 1024
 _MIN_TOKENS = 256
 _CHUNK = 4096  # end positions indexed per kernel call on a long extend
 _warmed_up = False
+
+MAX_TOKEN_ID = 2**31 - 2  # ids are stored as int32; 2**31 - 1 is SEPARATOR
+SEPARATOR = MAX_TOKEN_ID + 1  # ends a sequence (end_sequence): no query holds it, so no match spans two sequences
+
+
+class IndexBuffers(NamedTuple):
+    """The arrays the kernels read (layout in kernels.py); read-only views, stale after the next mutation."""
+
+    tokens: np.ndarray  # (cap_tokens,) int32; valid below n
+    prev: np.ndarray  # (cap_tokens,) int32
+    table: np.ndarray  # (cap_slots,) int32
+    n: int  # tokens held
+    min_ngram: int
+    max_ngram: int
 
 
 class TokenIndex:
@@ -31,8 +49,8 @@ class TokenIndex:
     text with lengths 1..8 stays under 64: 30-55 bytes per token on BPE-tokenized code
     from 1k to 1M tokens (`lookahead bench --overhead`).
 
-    Rolling back (`truncate`) rebuilds the table from the kept tokens, O(kept * max_ngram):
-    the drafters never need it, since they index verified tokens only.
+    The index only grows (or is cleared): drafters index verified tokens only, never a
+    draft, so nothing is ever rolled back.
 
     Args:
         min_ngram: shortest suffix worth matching (>= 1).
@@ -47,7 +65,7 @@ class TokenIndex:
         [7, 8, 5]
     """
 
-    def __init__(self, *, min_ngram: int = 2, max_ngram: int = 8):
+    def __init__(self, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM):
         if not isinstance(min_ngram, int) or not isinstance(max_ngram, int):
             raise TypeError(f"min_ngram and max_ngram must be int, got {min_ngram!r} and {max_ngram!r}")
         if not 1 <= min_ngram <= max_ngram <= kernels.MAX_NGRAM:
@@ -65,8 +83,7 @@ class TokenIndex:
         self._table = np.full(_MIN_SLOTS, kernels.EMPTY, dtype=np.int32)  # (cap_slots,) see kernels.py
         self._n = 0  # tokens held
         self._used = 0  # table slots used
-        self._ends = np.zeros(max_ngram + 1, dtype=np.int64)  # (max_ngram + 1,) out-buffer of match_ends
-        self.version = 0  # bumped by every mutation; lets holders of positions detect staleness
+        self._ends = np.zeros(max_ngram + 1, dtype=np.int64)  # (max_ngram + 1,) out-buffer of kernels.match_ends
 
     def __len__(self) -> int:
         return self._n
@@ -78,6 +95,10 @@ class TokenIndex:
         view.flags.writeable = False
         return view
 
+    def buffers(self) -> IndexBuffers:
+        """The arrays for kernels that read the index (the draft trie's); do not write them."""
+        return IndexBuffers(self._tokens, self._prev, self._table, self._n, self.min_ngram, self.max_ngram)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the index's buffers."""
@@ -87,9 +108,15 @@ class TokenIndex:
         """Appends one token id."""
         self.extend(np.array([token], dtype=np.int64))
 
+    def end_sequence(self) -> None:
+        """Appends SEPARATOR: what follows is another sequence, and no match spans the two."""
+        self._extend(np.array([SEPARATOR], dtype=np.int64))
+
     def extend(self, token_ids) -> None:
         """Appends token ids (any 1-D integer sequence; values in [0, 2**31))."""
-        new = _as_token_array(token_ids)
+        self._extend(as_token_ids(token_ids))
+
+    def _extend(self, new: np.ndarray) -> None:
         count = new.shape[0]
         if count == 0:
             return
@@ -104,7 +131,6 @@ class TokenIndex:
         start = self._n
         self._tokens[start : start + count] = new
         self._n += count
-        self.version += 1
         # Grams ending at start-1 .. n-2 become searchable; the last position stays out.
         # Chunked so that reserving for the worst case (every gram new) never overgrows the table.
         grams_per_end = self.max_ngram - self.min_ngram + 1
@@ -113,22 +139,11 @@ class TokenIndex:
             self._reserve((hi - lo) * grams_per_end)
             self._used += kernels.index_ends(self._tokens, self._prev, self._table, lo, hi, self.min_ngram, self.max_ngram)
 
-    def truncate(self, length: int) -> None:
-        """Keeps the first `length` tokens. Cost O(length * max_ngram): the table is rebuilt."""
-        if not 0 <= length <= self._n:
-            raise ValueError(f"truncate length must be in [0, {self._n}], got {length}")
-        if length == self._n:
-            return
-        kept = self._tokens[:length].copy()
-        self.clear()
-        self.extend(kept)
-
     def clear(self) -> None:
         """Drops every token; keeps the buffers."""
         self._n = 0
         self._used = 0
         self._table.fill(kernels.EMPTY)
-        self.version += 1
 
     def longest_match(self, query=None) -> tuple[int, int]:
         """(length, end) of the longest suffix that occurred in the index; its most recent occurrence.
@@ -142,16 +157,11 @@ class TokenIndex:
         length = self._match(query)
         return (length, int(self._ends[length])) if length else (0, -1)
 
-    def match_ends(self, query=None) -> np.ndarray:
-        """ends[g] = most recent end of the g-token suffix (-1 if absent), g in 0..max_ngram; a copy."""
-        self._match(query)
-        return self._ends.copy()
-
     def _match(self, query) -> int:
         if query is None:
             return kernels.match_ends(self._tokens, self._table, self._tokens, self._n, self.min_ngram, self.max_ngram, self._ends)
         if not (isinstance(query, np.ndarray) and query.dtype == np.int64):
-            query = _as_token_array(query)
+            query = as_token_ids(query, name="query")
         query = query[-self.max_ngram :]
         return kernels.match_ends(self._tokens, self._table, query, query.shape[0], self.min_ngram, self.max_ngram, self._ends)
 
@@ -174,22 +184,35 @@ class TokenIndex:
         self._table = table
 
 
-def _as_token_array(token_ids) -> np.ndarray:
-    """Validates a 1-D sequence of token ids; returns it as int64 numpy (no copy if it already is)."""
+def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
+    """A 1-D sequence of token ids in [0, MAX_TOKEN_ID] as int64 numpy (no copy if it already is).
+
+    Accepts lists, tuples, numpy arrays and integer torch tensors (read without importing torch).
+
+    Raises:
+        TypeError: not a sequence of integers (str, set, generator, float or bool values).
+        ValueError: not 1-D, ragged, or an id out of range.
+    """
     if hasattr(token_ids, "detach"):  # a torch tensor, without importing torch here
+        if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex:
+            raise TypeError(f"{name} must be integers, got a tensor of dtype {token_ids.dtype}")
         token_ids = token_ids.detach().cpu().numpy()
-    array = np.asarray(token_ids)
+    elif isinstance(token_ids, (str, bytes, set, frozenset, dict)) or not hasattr(token_ids, "__len__"):
+        raise TypeError(f"{name} must be a 1-D sequence of ints (list, tuple, numpy array or tensor), got {type(token_ids).__name__}")
+    try:
+        array = np.asarray(token_ids)
+    except ValueError:  # numpy refuses ragged nesting
+        raise ValueError(f"{name} must be 1-D, got a ragged nested sequence") from None
     if array.ndim != 1:
-        raise ValueError(f"token ids must be 1-D, got shape {array.shape}")
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
     if array.size == 0:
-        return array.astype(np.int64)
+        return np.zeros(0, dtype=np.int64)
     if array.dtype.kind not in "iu":
-        raise TypeError(f"token ids must be integers, got dtype {array.dtype}")
-    if array.dtype != np.int64:
-        if array.dtype == np.uint64 and int(array.max()) >= 2**31:
-            raise ValueError(f"token ids must be in [0, 2**31), got {int(array.max())}")
-        array = array.astype(np.int64)
-    bad = kernels.first_invalid(array, 2**31)
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype == np.uint64 and int(array.max()) > MAX_TOKEN_ID:
+        raise ValueError(f"{name} must be in [0, {MAX_TOKEN_ID}], got {int(array.max())}")
+    array = array.astype(np.int64, copy=False)
+    bad = kernels.first_invalid(array, MAX_TOKEN_ID + 1)
     if bad >= 0:
-        raise ValueError(f"token ids must be in [0, 2**31), got {int(array[bad])}")
+        raise ValueError(f"{name} must be in [0, {MAX_TOKEN_ID}], got {int(array[bad])} at position {bad}")
     return array

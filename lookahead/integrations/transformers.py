@@ -1,10 +1,11 @@
-"""The one place that knows transformers' private shapes: a drafter as an `assistant_model`.
+"""The one place that knows transformers' private shapes: frames, caches, the assistant protocol.
 
 transformers' assisted loop (`GenerationMixin._assisted_decoding`) wraps an
 `assistant_model` in an `AssistedCandidateGenerator`, which each step calls
 `assistant_model.generate(input_ids, max_new_tokens, generation_config, ...)` and reads
-`.sequences`, `.scores` and `.cache` from the result. `TransformersAssistant` answers those
-calls from a drafter's `reset`/`extend`/`propose`, so no transformers code is patched.
+`.sequences`, `.scores` and `.cache` from the result. A `LookupDrafter` forwards those
+calls to its `TransformersAssistant`, which answers them from the drafter's
+`reset`/`extend`/`propose`, so no transformers code is patched.
 
 What the candidate generator relies on, and how we answer:
 - `.scores`: stacked into candidate logits. Greedy verification ignores them, so they are
@@ -15,8 +16,13 @@ What the candidate generator relies on, and how we answer:
 - `.cache`: threaded back into the next call's kwargs. We return None; the key "cache"
   is absent only on the first call of a generate(), which is how a new request is seen.
 - `.config` and `.device`: read while transformers validates the call and builds the
-  candidate generator. We read the caller's arguments there (one frame up) to refuse what
-  the loop cannot do with a clear message, and to learn the target's vocabulary size.
+  candidate generator. Their getters read the caller's arguments there (its frame) to
+  refuse what the loop cannot do with a clear message, and to learn the target model.
+
+Frames read (each has a test in tests/test_transformers_frames.py that fails the day
+transformers moves it): `_validate_generation_mode` (locals self, generation_mode,
+generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwargs) and
+`generate` (streamer, which transformers does not forward to a custom_generate).
 """
 
 import sys
@@ -25,15 +31,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
-from lookahead.cost import DraftSizer, plan_step, verify_costs
+from lookahead.errors import UnsupportedGenerationError
+from lookahead.sizing import DraftSizer, plan_step
 
 _ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
-
-
-class UnsupportedGenerationError(ValueError):
-    """The requested generate() options cannot be verified by transformers' assisted loop."""
+_FRAMES_SEARCHED = 4  # how far up the stack a transformers caller is looked for
 
 
 class _AssistantConfig(SimpleNamespace):
@@ -44,109 +48,162 @@ class _AssistantConfig(SimpleNamespace):
 
 
 class TransformersAssistant:
-    """Mixin: makes a drafter usable as `assistant_model=` in transformers 5.x generate().
+    """A drafter's answers to transformers' assisted loop, and that loop's per-request state.
 
-    The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(max_tokens) -> Draft`,
+    The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(num_draft_tokens) -> Draft`,
     `num_draft_tokens`, `max_ngram`, `cost_aware`, `index` (its TokenIndex),
     `eos_option` / `eos_token_ids` and `stats` (a DraftStats). With `cost_aware`, each
-    draft is cut to what verifying it on the target pays for (lookahead.cost: calibrated
-    once per model, device and dtype; a keep rate learnt per request).
+    draft is cut to what verifying it on the target pays for (lookahead.sizing).
     """
 
-    _target_vocab_size: int | None = None
-    _target_device: torch.device | None = None
-    _target_model = None  # weakref to the model being generated with, for the cost calibration
-    _indexed: int = 0  # tokens of the current request the drafter has seen
-    _sizer = None  # the request's DraftSizer when cost_aware
-    _sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.target_vocab_size: int | None = None
+        self.target_device: torch.device | None = None
+        self.target_model = None  # weakref to the model being generated with, for the cost calibration
+        self.indexed = 0  # tokens of the current request the drafter has seen
+        self.sizer: DraftSizer | None = None  # the request's sizer when cost_aware
+        self.sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
 
     # -- attributes transformers reads ------------------------------------------------------
 
     @property
     def config(self) -> _AssistantConfig:
-        caller = _caller_locals("_validate_generation_mode")
+        """Side effect: read inside transformers' `_validate_generation_mode`, it refuses
+        options the loop cannot verify and records the target model."""
+        caller = caller_locals("_validate_generation_mode")
         if caller is not None:
             _check_generation_mode(caller)
             target = caller["self"]
-            self._target_vocab_size = target.config.get_text_config().vocab_size
-            self._target_device = target.device
-            self._target_model = weakref.ref(target)
-        return _AssistantConfig(is_encoder_decoder=False, vocab_size=self._target_vocab_size)
+            self.target_vocab_size = target.config.get_text_config().vocab_size
+            self.target_device = target.device
+            self.target_model = weakref.ref(target)
+        return _AssistantConfig(is_encoder_decoder=False, vocab_size=self.target_vocab_size)
 
     @property
     def device(self) -> torch.device:
-        caller = _caller_locals("__init__")
+        """Side effect: read inside the candidate generator's `__init__`, it refuses batches and static caches."""
+        caller = caller_locals("__init__")
         if caller is not None and "input_ids" in caller and "model_kwargs" in caller:
             _check_candidate_generator_inputs(caller["input_ids"], caller["model_kwargs"])
-        return self._target_device if self._target_device is not None else torch.device("cpu")
+        return self.target_device if self.target_device is not None else torch.device("cpu")
 
     @property
     def generation_config(self) -> GenerationConfig:
         # "constant": transformers must not resize our drafts; threshold 0 keeps its
         # confidence-based (sklearn) path off, which would read our placeholder scores.
         return GenerationConfig(
-            num_assistant_tokens=self.num_draft_tokens,
+            num_assistant_tokens=self.drafter.num_draft_tokens,
             num_assistant_tokens_schedule="constant",
             assistant_confidence_threshold=0.0,
         )
 
-    def _supports_logits_to_keep(self) -> bool:
-        return False
-
-    def _new_sizer(self):
-        """A DraftSizer over the target's calibrated verify costs (lookahead.cost), or None."""
-        model = self._target_model() if self._target_model is not None else None
-        if not self.cost_aware or model is None:
+    def _new_sizer(self) -> DraftSizer | None:
+        model = self.target_model() if self.target_model is not None else None
+        if not self.drafter.cost_aware or model is None:
             return None
-        return DraftSizer(verify_costs(model), self.max_ngram)
+        from lookahead.integrations.calibration import verify_costs
+
+        return DraftSizer(verify_costs(model), self.drafter.max_ngram)
 
     # -- the call the candidate generator makes each step ----------------------------------
 
     def generate(self, input_ids, *, max_new_tokens, generation_config, **kwargs):
-        """Returns the sequence with a draft of at most `max_new_tokens` tokens appended.
-
-        Called by transformers' candidate generator once per verify step; not a model's generate.
-        """
+        """Returns the sequence with a draft of at most `max_new_tokens` tokens appended."""
+        drafter = self.drafter
         if input_ids.shape[0] != 1:
             raise UnsupportedGenerationError(
                 f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {_ALTERNATIVE}"
             )
-        new_request = "cache" not in kwargs or input_ids.shape[1] <= self._indexed
+        new_request = "cache" not in kwargs or input_ids.shape[1] <= self.indexed
         if new_request:
-            self.eos_token_ids = _eos_ids(generation_config, self.eos_option)
-            self.reset(input_ids[0])
-            self._sizer = self._new_sizer()
+            drafter.eos_token_ids = _eos_ids(generation_config, drafter.eos_option)
+            drafter.reset(input_ids[0])
+            self.sizer = self._new_sizer()
         else:
-            verified = input_ids[0, self._indexed :]
+            verified = input_ids[0, self.indexed :]
             # The loop appended the accepted drafts plus one token of the model's own.
-            self.stats.record_accepted(min(verified.shape[0] - 1, self.stats.drafted_per_step[-1]))
-            self.extend(verified)
-            if self._sizer is not None:
-                if self._sized is not None:  # what the last step drafted, against what the model wrote
-                    chain, offered, position = self._sized
-                    self._sizer.observed(chain.match_len, chain.token_ids.tolist(), offered, verified.tolist(), position)
-                self._sizer.settle(self.index.tokens)
-        self._indexed = input_ids.shape[1]
+            drafter.stats.record_accepted(min(verified.shape[0] - 1, drafter.stats.drafted_per_step[-1]))
+            drafter.extend(verified)
+            if self.sizer is not None:
+                if self.sized is not None:  # what the last step drafted, against what the model wrote
+                    chain, offered, position = self.sized
+                    self.sizer.observed(chain.match_len, chain.token_ids.tolist(), offered, verified.tolist(), position)
+                self.sizer.settle(drafter.index.tokens)
+        self.indexed = input_ids.shape[1]
 
-        chain, draft, size = plan_step(self, self._sizer, max_new_tokens)
-        self._sized = (chain, size, self._indexed) if self._sizer is not None and len(chain) else None
+        chain, draft, size = plan_step(drafter, self.sizer, max_new_tokens)
+        self.sized = (chain, size, self.indexed) if self.sizer is not None and len(chain) else None
         sampling = bool(generation_config.do_sample)
         token_ids = draft.token_ids
         if sampling and token_ids.shape[0] == 0 and max_new_tokens > 0:
             # The sampling branch needs at least one candidate (an empty block breaks its
             # slicing); the last token is a free guess: a wrong one costs one verified position.
             token_ids = np.asarray([int(input_ids[0, -1])], dtype=np.int64)
-        self.stats.record(token_ids.shape[0])
+        drafter.stats.record(token_ids.shape[0])
 
         device = input_ids.device
         candidates = torch.tensor(token_ids.tolist(), dtype=input_ids.dtype, device=device)[None, :]
         sequences = torch.cat((input_ids, candidates), dim=1)
         if sampling:
-            scores = _one_hot_scores(candidates[0], self._target_vocab_size, device)
+            scores = _one_hot_scores(candidates[0], self.target_vocab_size, device)
         else:
             placeholder = torch.zeros((1, 1), device=device)
             scores = (placeholder,) * max(1, token_ids.shape[0])
         return SimpleNamespace(sequences=sequences, scores=scores, cache=None)
+
+
+# -- frames ---------------------------------------------------------------------------------
+
+
+def caller_locals(function_name: str) -> dict | None:
+    """Locals of the nearest transformers frame named `function_name` among our callers' callers, if any."""
+    frame = sys._getframe(2)
+    for _ in range(_FRAMES_SEARCHED):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name == function_name and "/transformers/" in code.co_filename.replace("\\", "/"):
+            return frame.f_locals
+        frame = frame.f_back
+    return None
+
+
+def streamer_dropped_by_transformers():
+    """The `streamer` a user passed to model.generate(custom_generate=...), which transformers does not forward.
+
+    Read from transformers' generate frame, our caller's caller; None if the caller is anything else.
+    """
+    caller = caller_locals("generate")
+    return caller.get("streamer") if caller is not None else None
+
+
+# -- caches and model capabilities -----------------------------------------------------------
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def drop_cache_tail(cache: DynamicCache, count: int) -> None:
+    """Removes the last `count` cached positions (transformers 5: a negative crop removes that many)."""
+    if count > 0:
+        cache.crop(-count)
+
+
+def keep_cache_positions(cache: DynamicCache, positions: torch.Tensor) -> None:
+    """Keeps only the cached positions `positions` (ascending int64), in every layer."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(-2, positions.to(layer.keys.device))
+        layer.values = layer.values.index_select(-2, positions.to(layer.values.device))
+
+
+def supports_logits_to_keep(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (inspects its signature: call once, not per step)."""
+    return model._supports_logits_to_keep()
+
+
+# -- checks ---------------------------------------------------------------------------------
 
 
 def _one_hot_scores(candidates: torch.Tensor, vocab_size: int | None, device) -> tuple[torch.Tensor, ...]:
@@ -164,15 +221,6 @@ def _eos_ids(generation_config, fallback):
         return fallback
     eos = [eos] if isinstance(eos, int) else list(eos)
     return frozenset(int(t) for t in eos) | fallback
-
-
-def _caller_locals(function_name: str) -> dict | None:
-    """Locals of the transformers frame two levels up (the caller of our property), if it is `function_name`."""
-    frame = sys._getframe(2)
-    code = frame.f_code
-    if code.co_name != function_name or "transformers" not in code.co_filename.replace("\\", "/"):
-        return None
-    return frame.f_locals
 
 
 def _check_generation_mode(caller: dict) -> None:

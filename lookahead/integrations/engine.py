@@ -19,20 +19,25 @@ import functools
 
 import numpy as np
 import torch
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from lookahead.cost import DraftSizer, plan_step, verify_costs
-from lookahead.drafter import Draft, LookupDrafter
-from lookahead.integrations.transformers import UnsupportedGenerationError
+from lookahead.draft import Draft
+from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
+from lookahead.errors import UnsupportedGenerationError
+from lookahead.integrations.calibration import verify_costs
+from lookahead.integrations.transformers import (
+    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep,
+)
+from lookahead.sizing import DraftSizer, plan_step
 
 # Families whose attention applies a custom 4D mask and whose cache layers can be gathered.
 TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3"}  # each tested for exact tree verification
 # tree=None drafts trees where 16 tokens verify for at most this many times one token. Modelled
-# on the dev traces, sized trees beat sized chains by 3-6% under issue 5's bf16 CPU curve (1.24)
-# and 13-23% where verification is free, and tie under this project's fp32 CPU curve (2.35),
-# where the explicit tree mask then costs wall-clock time.
+# on the dev traces, sized trees beat sized chains by 3-6% under a bf16 CPU curve (16 tokens
+# at 1.24x one) and by 13-23% where verification is free, and tie under an fp32 CPU curve
+# (2.35x), where the explicit tree mask then costs wall-clock time.
 TREE_MAX_COST_16 = 1.5
 
 
@@ -46,8 +51,7 @@ def generate(
     drafter: LookupDrafter | None = None,
     assistant: LookupDrafter | None = None,
     tree: bool | None = None,
-    max_tree_nodes: int = 64,
-    cost_aware: bool = True,
+    max_tree_nodes: int = DEFAULT_MAX_TREE_NODES,
     streamer=None,
     tokenizer=None,
     stop_strings: str | list[str] | None = None,
@@ -66,14 +70,15 @@ def generate(
     Args:
         model: a decoder-only transformers model.
         input_ids: (1, prompt_len) token ids.
-        drafter / assistant: the LookupDrafter (either name; a fresh one if neither).
+        drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
+            whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
+            to the nodes that cost no more than that chain.
+        assistant: the same, under the name transformers' custom_generate convention uses
+            (`model.generate(custom_generate=lookahead.generate, assistant=...)`).
         tree: draft trees, or chains (default: trees where the family supports them and
             the calibration finds verification cheap: 16 tokens for at most TREE_MAX_COST_16
             times one).
         max_tree_nodes: node budget of a tree draft.
-        cost_aware: cut chain drafts to the length worth verifying, and trees to the nodes
-            that cost no more (lookahead.cost); with low acceptance that is nothing, a
-            plain step.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
         stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
@@ -89,10 +94,16 @@ def generate(
         UnsupportedGenerationError: batch size above 1, beam search, encoder-decoder models,
             static caches, tree=True for a family without tree support.
     """
+    if "cost_aware" in kwargs:
+        raise TypeError("cost_aware is the drafter's option: LookupDrafter(cost_aware=False)")
+    if drafter is not None and assistant is not None:
+        raise TypeError("pass the drafter once: drafter= (or assistant=, its name under custom_generate)")
     drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
+    if not isinstance(drafter, LookupDrafter):
+        raise TypeError(f"drafter must be a lookahead.LookupDrafter instance, got {drafter!r}")
     prompt_streamed = False
     if streamer is None and generation_config is not None:
-        streamer = _streamer_dropped_by_transformers()
+        streamer = streamer_dropped_by_transformers()
         prompt_streamed = streamer is not None  # transformers' generate put the prompt already
     if generation_config is None:
         # A direct call: let transformers prepare processors, stopping criteria and the config
@@ -100,7 +111,7 @@ def generate(
         # `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
         # travel bound to the callback.
         callback = functools.partial(
-            generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, cost_aware=cost_aware, streamer=streamer,
+            generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer,
             tokenizer=tokenizer, stop_strings=stop_strings,
         )
         return model.generate(
@@ -111,13 +122,14 @@ def generate(
     # EOS and length are checked per token below; other criteria (stop strings, user ones) run as given.
     criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     _check(model, input_ids, config, kwargs)
+    cost_aware = drafter.cost_aware
     costs = verify_costs(model) if cost_aware or tree is None else None
-    use_tree = _tree_supported(model) and costs[16] <= TREE_MAX_COST_16 if tree is None else tree
+    if tree is None:
+        use_tree = _tree_supported(model) and costs[16] <= TREE_MAX_COST_16
+    else:
+        use_tree = tree
     if use_tree and not _tree_supported(model):
-        raise UnsupportedGenerationError(
-            f"tree drafts need a model whose attention takes custom 4D masks and a plain cache; "
-            f"{type(model).__name__} ({model.config.model_type}) is not among {sorted(TREE_MODEL_TYPES)}. Use tree=False."
-        )
+        raise UnsupportedGenerationError(f"tree drafts are not supported here: {_tree_unsupported_reason(model)}. Use tree=False.")
 
     prompt_len = input_ids.shape[1]
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
@@ -136,15 +148,15 @@ def generate(
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
     sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
-    logits_to_keep = model._supports_logits_to_keep()  # inspects forward's signature: once, not per step
-    cache = DynamicCache(config=model.config)
+    logits_to_keep = supports_logits_to_keep(model)
+    cache = new_cache(model)
     with torch.inference_mode():
         while True:
-            budget = max_len - len(sequence) - 1  # the step's own token takes the last place
+            room = max_len - len(sequence) - 1  # draft tokens that fit: the step's own token takes the last place
             # The first step also prefills the prompt: a tree there would need an explicit mask
             # over the whole prompt (a slower attention path), so it verifies a chain.
             tree_step = use_tree and len(sequence) > prompt_len
-            chain, draft, size = plan_step(drafter, sizer, budget, tree=tree_step, max_tree_nodes=max_tree_nodes)
+            chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep)
             if sizer is not None and len(chain):
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
@@ -238,13 +250,9 @@ def _keep_in_cache(cache, cached: int, keep: list[int], block_len: int, is_chain
     For a chain the kept entries are a prefix of the block (crop); for a tree they are gathered.
     """
     if is_chain:
-        if block_len > len(keep):
-            cache.crop(-(block_len - len(keep)))  # transformers 5: a negative count removes that many
+        drop_cache_tail(cache, block_len - len(keep))
         return
-    index = torch.tensor(list(range(cached)) + [cached + b for b in keep])
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(-2, index.to(layer.keys.device))
-        layer.values = layer.values.index_select(-2, index.to(layer.values.device))
+    keep_cache_positions(cache, torch.tensor(list(range(cached)) + [cached + b for b in keep]))
 
 
 def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> int:
@@ -271,20 +279,6 @@ def _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings,
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None
-
-
-def _streamer_dropped_by_transformers():
-    """The `streamer` a user passed to model.generate(custom_generate=...), which transformers does not forward.
-
-    Read from transformers' generate frame, our caller; None if the caller is anything else.
-    """
-    import sys
-
-    frame = sys._getframe(2)  # 0: this function, 1: generate (ours), 2: its caller
-    code = frame.f_code
-    if code.co_name != "generate" or "transformers" not in code.co_filename.replace("\\", "/"):
-        return None
-    return frame.f_locals.get("streamer")
 
 
 def _emit(streamer, tokens: list[int]) -> None:
@@ -317,9 +311,17 @@ def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
 
 
 def _tree_supported(model) -> bool:
+    return _tree_unsupported_reason(model) is None
+
+
+def _tree_unsupported_reason(model) -> str | None:
+    """Why a tree cannot be verified on `model` (None: it can)."""
     config = model.config
     if config.model_type not in TREE_MODEL_TYPES:
-        return False
+        return (f"{type(model).__name__} ({config.model_type}) is not among the families tested with custom 4D "
+                f"masks, {sorted(TREE_MODEL_TYPES)}")
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return False  # a sliding-window cache layer cannot be gathered
-    return set(getattr(config, "layer_types", None) or ["full_attention"]) == {"full_attention"}
+        return f"{type(model).__name__} uses a sliding-window cache (sliding_window={config.sliding_window}), whose layers cannot be gathered"
+    if set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
+        return f"{type(model).__name__} has layers other than full attention ({sorted(set(config.layer_types))})"
+    return None

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lookahead.cost import SIZES, DraftSizer, plan_step
-from lookahead.drafter import LookupDrafter
+from lookahead import LookupDrafter
+from lookahead.sizing import SIZES, DraftSizer, cost_curve, plan_step
 
 
 class TraceError(ValueError):
@@ -89,13 +89,13 @@ def _token_list(row: dict, key: str, where: str) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
 
 
-def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_nodes: int = 64, costs: np.ndarray | None = None,
+def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_tree_nodes: int = 64, costs: np.ndarray | None = None,
                      progress: str | None = None) -> dict:
     """Replays `requests` in order through `drafter`; returns the summed counts and drafting time.
 
-    With `tree`, each step drafts a tree (at most max_nodes tokens) and keeps the longest
+    With `tree`, each step drafts a tree (at most max_tree_nodes tokens) and keeps the longest
     root path that the recorded output follows. With `costs` (cost[n]: verifying n tokens
-    relative to 1, as lookahead.cost.verify_costs), drafts are sized as our engine sizes
+    relative to 1, as lookahead.verify_costs), drafts are sized as our engine sizes
     them and `cost` sums the modelled verify cost of every step.
     """
     steps = drafted = accepted = tokens = 0
@@ -107,8 +107,8 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, ma
         pos = 0
         while pos < output.shape[0]:
             start = time.perf_counter()
-            budget = output.shape[0] - pos - 1
-            chain, draft, size = plan_step(drafter, sizer, budget, tree=tree, max_tree_nodes=max_nodes)
+            room = output.shape[0] - pos - 1  # draft tokens that fit: the step's own token takes the last place
+            chain, draft, size = plan_step(drafter, sizer, room, tree=tree, max_tree_nodes=max_tree_nodes)
             seconds += time.perf_counter() - start
             kept = _kept_on_tree(draft, output, pos) if tree else _kept(draft.token_ids, output, pos)
             step = kept + 1  # the model's own token after the kept prefix
@@ -126,18 +126,14 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, ma
 
 def parse_costs(spec: str) -> np.ndarray:
     """A verify-cost curve: "flat" (every block costs one step) or relative costs at block sizes
-    1,2,4,8,16,32,64 ("1,1.13,1.44,1.75,2.34,2.72,3.49"); linear in between, like verify_costs."""
+    1,2,4,8,16,32,64 ("1,1.13,1.44,1.75,2.34,2.72,3.49"); linear in between (sizing.cost_curve)."""
     if spec == "flat":
-        points = [1.0] * len(SIZES)
-    else:
-        try:
-            points = [float(x) for x in spec.split(",")]
-        except ValueError:
-            points = []
-        if len(points) != len(SIZES) or points[0] != 1.0 or any(b < a for a, b in zip(points, points[1:])):
-            raise ValueError(f"--costs must be 'flat' or {len(SIZES)} non-decreasing numbers starting at 1 (costs at sizes "
-                             f"{','.join(map(str, SIZES))}), got {spec!r}")
-    return np.interp(np.arange(SIZES[-1] + 1), SIZES, points)
+        return cost_curve([1.0] * len(SIZES))
+    try:
+        return cost_curve([float(x) for x in spec.split(",")])
+    except ValueError:
+        raise ValueError(f"--costs must be 'flat' or {len(SIZES)} finite positive numbers starting at 1 (costs at sizes "
+                         f"{','.join(map(str, SIZES))}), got {spec!r}") from None
 
 
 def replay_hf(requests, *, num_draft_tokens: int, ngram: int, costs: np.ndarray | None = None, progress: str | None = None) -> dict:

@@ -1,7 +1,7 @@
-"""Cost-aware draft sizing: what verifying n tokens costs here, and how many are worth drafting.
+"""Cost-aware draft sizing: how many drafted tokens are worth verifying (numpy only).
 
-`verify_costs(model)` times forward passes of 1..64 new tokens once per model shape,
-device and dtype (cached for the process). `DraftSizer` keeps, per anchor match length, a
+A cost curve `costs[n]` is the time of a forward pass over n new tokens relative to one
+(`cost_curve`; measured by lookahead.integrations.calibration.verify_costs). `DraftSizer` keeps, per anchor match length, a
 running estimate of the chance that a drafted token is kept, and cuts each chain draft to
 the length n that maximises expected tokens per unit of time:
 
@@ -12,69 +12,40 @@ so where drafts keep failing, and wide blocks are dear, it stops drafting. A tre
 gets as many nodes as cost no more to verify than that chain (`tree_nodes`).
 """
 
-import time
-
 import numpy as np
-import torch
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)
-_COSTS: dict[tuple, np.ndarray] = {}
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
 
 
-def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
-    """cost[n] = time of a forward pass over n new tokens / time over 1, for n in 0..64 (cost[0] unused).
+def cost_curve(points) -> np.ndarray:
+    """costs[n] for n in 0..64 from the costs at SIZES (relative to one token), linear in between (costs[0] unused).
 
-    Measured once per (model class, shape, device, dtype) after `context` cached tokens;
-    linear between the timed sizes.
+    Raises:
+        ValueError: not len(SIZES) finite positive numbers starting at 1.
     """
-    config = model.config
-    key = (type(model).__name__, config.get_text_config().hidden_size, config.get_text_config().num_hidden_layers,
-           config.get_text_config().vocab_size, str(model.device), str(model.dtype))
-    if key not in _COSTS:
-        from transformers import DynamicCache
-
-        generator = torch.Generator().manual_seed(0)
-        vocab = config.get_text_config().vocab_size
-        prefix = torch.randint(0, vocab, (1, context), generator=generator).to(model.device)
-        times = []
-        with torch.inference_mode():
-            cache = DynamicCache(config=model.config)
-            model(input_ids=prefix, cache=cache, use_cache=True)
-            for size in SIZES:
-                block = torch.randint(0, vocab, (1, size), generator=generator).to(model.device)
-                samples = []
-                for _ in range(repeats + 1):  # the first run of a shape warms it up
-                    if model.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    model(input_ids=block, cache=cache, use_cache=True)
-                    if model.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    samples.append(time.perf_counter() - start)
-                    cache.crop(-size)
-                times.append(float(np.median(samples[1:])))
-        measured = np.asarray(times) / times[0]
-        _COSTS[key] = np.interp(np.arange(SIZES[-1] + 1), SIZES, np.maximum.accumulate(measured))
-    return _COSTS[key]
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape != (len(SIZES),) or not np.isfinite(points).all() or points[0] != 1.0 or (points <= 0).any():
+        raise ValueError(f"a cost curve is {len(SIZES)} finite positive costs at block sizes {SIZES} starting at 1, got {points.tolist()}")
+    return np.interp(np.arange(SIZES[-1] + 1), SIZES, points)
 
 
-def plan_step(drafter, sizer, budget: int, *, tree: bool = False, max_tree_nodes: int = 64):
+def plan_step(drafter, sizer, num_draft_tokens: int, *, tree: bool = False, max_tree_nodes: int = 64):
     """What a verification loop drafts for one step: (chain, draft to verify, chain size).
 
-    The chain is the drafter's best guess of at most `budget` tokens; the sizer cuts it to
+    The chain is the drafter's best guess of at most `num_draft_tokens` tokens; the sizer cuts it to
     `size` tokens, and a tree step verifies instead the tree with the nodes that cost about
     as much. Afterwards call `sizer.observed(chain.match_len, chain.token_ids.tolist(),
     size, written, position)` with the tokens the model wrote. Without a sizer (None)
     nothing is cut, and a tree step drafts only the tree (the chain is empty).
     """
     if sizer is None and tree:
-        draft = drafter.propose_tree(budget, max_nodes=max_tree_nodes)
+        draft = drafter.propose_tree(num_draft_tokens, max_tree_nodes=max_tree_nodes)
         return draft.prefix(0), draft, 0
-    chain = drafter.propose(budget)
+    chain = drafter.propose(num_draft_tokens)
     size = len(chain) if sizer is None or not len(chain) else sizer.size(chain.match_len, len(chain))
     if not tree or not size:
         return chain, chain.prefix(size), size
-    return chain, drafter.propose_tree(budget, max_nodes=sizer.tree_nodes(size, max_tree_nodes)), size
+    return chain, drafter.propose_tree(num_draft_tokens, max_tree_nodes=sizer.tree_nodes(size, max_tree_nodes)), size
 
 
 class DraftSizer:
@@ -89,7 +60,7 @@ class DraftSizer:
     drafts keep teaching the estimate while few or none of their tokens are verified.
 
     Args:
-        costs: verify_costs(model).
+        costs: a cost curve (cost_curve; verify_costs(model)).
         max_ngram: the drafter's longest anchor.
         fade: factor applied to old counts at each update.
     """

@@ -17,8 +17,9 @@ import torch
 from tqdm import tqdm
 
 import lookahead
-from lookahead.drafter import LookupDrafter
-from lookahead import workloads as wl
+from lookahead import LookupDrafter
+from lookahead.bench import workloads as wl
+from lookahead.bench.tables import format_table
 
 # A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
 DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
@@ -48,8 +49,6 @@ def run_bench(args) -> int:
         if args.json:
             print(json.dumps({"overhead": rows}))
         else:
-            from lookahead.cli import format_table
-
             print(format_table(["context", "drafter", "us/step", "bytes/token"], [[r["context"], r["drafter"], r["us_per_step"], r["bytes_per_token"]] for r in rows]))
         return 0
     if args.documents:
@@ -57,8 +56,6 @@ def run_bench(args) -> int:
         if args.json:
             print(json.dumps({"documents": rows}))
         else:
-            from lookahead.cli import format_table
-
             print(format_table(
                 ["documents", "mode", "tau", "one-time s", "setup ms/request", "us/step", "index MB"],
                 [[r["library_docs"], r["mode"], f"{r['tau']:.3f}", f"{r['one_time_s']:.2f}", f"{r['setup_ms_per_request']:.2f}", f"{r['us_per_step']:.1f}", f"{r['index_mb']:.1f}"] for r in rows],
@@ -75,8 +72,6 @@ def run_bench(args) -> int:
     if args.json:
         print(json.dumps({"device": str(model.device), "dtype": str(model.dtype), "results": rows}))
     else:
-        from lookahead.cli import format_table
-
         print(f"model: {getattr(model.config, '_name_or_path', '') or 'random ' + type(model).__name__}, {model.dtype}, {model.device}")
         print(format_table(
             ["workload", "method", "tokens/s", "speedup", "tau", "exact"],
@@ -145,7 +140,7 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
 
 
 def _trace_tasks(path: Path, requests: int, max_new_tokens: int, forced: bool):
-    from lookahead.replay import load_trace
+    from lookahead.bench.replay import load_trace
 
     return [
         (r.prompt.tolist(), r.output[:max_new_tokens].tolist() if forced else None)
@@ -166,9 +161,7 @@ def methods():
 
 
 def bench_workload(model, workload: str, requests, max_new_tokens: int) -> list[dict]:
-    from lookahead.cost import verify_costs
-
-    verify_costs(model)  # the engine's one-time calibration, kept out of the timings and forward counts
+    lookahead.verify_costs(model)  # the engine's one-time calibration, kept out of the timings and forward counts
     forward_calls = [0]
     hook = model.register_forward_pre_hook(lambda *_: forward_calls.__setitem__(0, forward_calls[0] + 1))
     from transformers import LogitsProcessorList
@@ -247,8 +240,8 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     the DocumentLibrary prefilter ("selected"). Reports τ, per-request setup, per-step
     drafting cost and the document index's memory.
     """
-    from lookahead.documents import DocumentLibrary
-    from lookahead.replay import Request, replay_lookahead
+    from lookahead import DocumentLibrary
+    from lookahead.bench.replay import Request, replay_lookahead
 
     bpe = wl.tokenizer()
     root = Path(sysconfig.get_paths()["stdlib"])

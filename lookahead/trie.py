@@ -4,9 +4,9 @@ Each candidate continuation (what followed one occurrence of the current suffix)
 weight to every node on its path, so a node's weight is the summed weight of the
 candidates that agree with the whole path to it: an estimate of how likely the model
 writes that path. Weights only shrink along a path (a child's candidates are a subset of
-its parent's), so the `max_nodes` heaviest nodes always form a subtree, and drafting them
+its parent's), so the `max_tree_nodes` heaviest nodes always form a subtree, and drafting them
 maximises the expected accepted tokens under that estimate. The estimate ignores that the
-model may leave every candidate; `tree(max_nodes, depth_decay)` prices that in with a
+model may leave every candidate; `tree(max_tree_nodes, depth_decay)` prices that in with a
 discount per level, which keeps the subtree property.
 
 Buffers (allocated once, grown by the class, never inside a kernel):
@@ -21,7 +21,7 @@ Buffers (allocated once, grown by the class, never inside a kernel):
 import numpy as np
 from numba import njit
 
-from lookahead.index import kernels
+from lookahead.index import IndexBuffers, kernels
 from lookahead.index.kernels import EMPTY
 
 _warmed_up = False
@@ -55,29 +55,29 @@ def _add_path(source, start, stop, w, eos, token, parent, weight, child, sibling
 
 
 @njit(cache=True)
-def add_paths(source, starts, weights, depth, eos, token, parent, weight, child, sibling, count):
-    """Adds candidate i = source[starts[i] : starts[i] + depth] with weight weights[i]; returns the new count.
+def add_paths(source, starts, weights, num_draft_tokens, eos, token, parent, weight, child, sibling, count):
+    """Adds candidate i = source[starts[i] : starts[i] + num_draft_tokens] with weight weights[i]; returns the new count.
 
-    The caller guarantees room: count + starts.shape[0] * depth <= token.shape[0].
-    Cost: O(len(starts) * depth * branching).
+    The caller guarantees room: count + starts.shape[0] * num_draft_tokens <= token.shape[0].
+    Cost: O(len(starts) * num_draft_tokens * branching).
     """
     for i in range(starts.shape[0]):
-        stop = min(starts[i] + depth, source.shape[0])
+        stop = min(starts[i] + num_draft_tokens, source.shape[0])
         count = _add_path(source, starts[i], stop, weights[i], eos, token, parent, weight, child, sibling, count)
     return count
 
 
 @njit(cache=True, inline="always")
 def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, skip_scale,
-                     match_weight, depth, eos, token, parent, weight, child, sibling, count, out):
+                     match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, out):
     # Walks the prev chain (kernels.index_ends) from first_end over at most `walk`
     # occurrences of the query tokens[:query_len], most recent first. One whose last m
     # tokens agree with the query's (min_match <= m <= max_ngram) adds
-    # tokens[end + shift : end + shift + depth] with weight scale * match_weight**m; with
+    # tokens[end + shift : end + shift + num_draft_tokens] with weight scale * match_base**m; with
     # skip_scale > 0, where tokens[end + shift] is the sequence's last token (the model
     # skipped tokens[end + 1] and went on copying) it adds the tokens after that instead,
-    # with weight skip_scale * match_weight**m. Writes (count, longest m added, its end) to out[0:3].
-    longest, longest_end = 0, -1
+    # with weight skip_scale * match_base**m. Writes (count, longest m added, its end) to out[0:3].
+    best_len, best_end = 0, -1
     end = first_end
     walked = 0
     while end >= 0 and walked < walk:
@@ -85,78 +85,78 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
         while m < max_ngram and m <= end and m < query_len and tokens[end - m] == tokens[query_len - 1 - m]:
             m += 1
         if m >= min_match:
-            start, w = end + shift, scale * match_weight**m
+            start, w = end + shift, scale * match_base**m
             if skip_scale > 0.0 and start < n - 1 and tokens[start] == tokens[n - 1]:
-                start, w = start + 1, skip_scale * match_weight**m
-            count = _add_path(tokens, start, min(start + depth, n), w, eos, token, parent, weight, child, sibling, count)
-            if m > longest:
-                longest, longest_end = m, end
+                start, w = start + 1, skip_scale * match_base**m
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, eos, token, parent, weight, child, sibling, count)
+            if m > best_len:
+                best_len, best_end = m, end
         end = prev[end]
         walked += 1
-    out[0], out[1], out[2] = count, longest, longest_end
+    out[0], out[1], out[2] = count, best_len, best_end
 
 
 @njit(cache=True)
 def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, substitution_scale,
-                          skip_scale, match_weight, depth, eos, token, parent, weight, child, sibling, count, ends, out):
+                          skip_scale, match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, ends, out):
     """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
 
     - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
-      weighing match_weight**m for its m-token match; the longest match (the table's,
+      weighing match_base**m for its m-token match; the longest match (the table's,
       kernels.match_ends) is added even when the walk does not reach it.
     - Substitutions: the `substitution_walk` most recent occurrences of the suffix
       without its last token, matching m >= 2 tokens, continued one token later (the
-      last token replaced the one that followed them); substitution_scale * match_weight**m.
+      last token replaced the one that followed them); substitution_scale * match_base**m.
       Where the last token is instead the one after that (the model skipped a token, such
-      as a line break of its source), the tokens after it; skip_scale * match_weight**m.
+      as a line break of its source), the tokens after it; skip_scale * match_base**m.
     Writes (count, longest match, longest substitution match) to out; `ends` (max_ngram + 1,)
-    is scratch. The caller guarantees room for (walk + substitution_walk + 1) * depth nodes.
-    Cost: O((walk + substitution_walk) * (max_ngram + depth * branching)).
+    is scratch. The caller guarantees room for (walk + substitution_walk + 1) * num_draft_tokens nodes.
+    Cost: O((walk + substitution_walk) * (max_ngram + num_draft_tokens * branching)).
     """
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
         return
-    longest = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
-    if longest:
-        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_weight, depth,
+    match_len = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
+    if match_len:
+        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_base, num_draft_tokens,
                          eos, token, parent, weight, child, sibling, count, out)
         count = out[0]
-        if out[1] < longest:  # the walk stopped before it (a frequent last token)
-            start = ends[longest] + 1
-            count = _add_path(tokens, start, min(start + depth, n), match_weight**longest, eos,
+        if out[1] < match_len:  # the walk stopped before it (a frequent last token)
+            start = ends[match_len] + 1
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, eos,
                               token, parent, weight, child, sibling, count)
     # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
     _add_occurrences(tokens, prev, n, n - 1, prev[n - 2], max_ngram, substitution_walk, 2, 2, substitution_scale,
-                     skip_scale, match_weight, depth, eos, token, parent, weight, child, sibling, count, out)
+                     skip_scale, match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, out)
     out[2] = out[1]
-    out[1] = longest
+    out[1] = match_len
 
 
 @njit(cache=True)
-def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_weight, depth, stop_token, eos,
+def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_base, num_draft_tokens, stop_token, eos,
                       token, parent, weight, child, sibling, count, ends, out):
     """Adds what followed the most recent occurrence, in an index's arrays, of the longest suffix of `query`.
 
-    The continuation source[end + 1 : end + 1 + depth] (below n) stops before stop_token
-    (-1: none) and before any token in eos; it weighs scale * match_weight**m for an
+    The continuation source[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token
+    (-1: none) and before any token in eos; it weighs scale * match_base**m for an
     m-token match. Writes (count, m) to out (m = 0: no suffix of at least min_ngram
-    tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(depth * branching).
+    tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
-    longest = kernels.match_ends(source, table, query, query.shape[0], min_ngram, max_ngram, ends)
-    if longest:
-        start = ends[longest] + 1
-        stop = min(start + depth, n)
+    match_len = kernels.match_ends(source, table, query, query.shape[0], min_ngram, max_ngram, ends)
+    if match_len:
+        start = ends[match_len] + 1
+        stop = min(start + num_draft_tokens, n)
         for pos in range(start, stop):
             if source[pos] == stop_token:
                 stop = pos
                 break
-        count = _add_path(source, start, stop, scale * match_weight**longest, eos, token, parent, weight, child, sibling, count)
-    out[0], out[1] = count, longest
+        count = _add_path(source, start, stop, scale * match_base**match_len, eos, token, parent, weight, child, sibling, count)
+    out[0], out[1] = count, match_len
 
 
 @njit(cache=True)
-def heaviest_nodes(parent, weight, count, max_nodes, depth_decay, out_nodes):
-    """Writes the `max_nodes` non-root nodes of highest weight * depth_decay ** depth, in creation order, to out_nodes; returns how many.
+def heaviest_nodes(parent, weight, count, max_tree_nodes, depth_decay, out_nodes):
+    """Writes the `max_tree_nodes` non-root nodes of highest weight * depth_decay ** level, in creation order, to out_nodes; returns how many.
 
     With depth_decay <= 1 a child never scores above its parent, and ties go to the
     earlier-created node, so a parent always comes before its children: the result is
@@ -165,12 +165,12 @@ def heaviest_nodes(parent, weight, count, max_nodes, depth_decay, out_nodes):
     if count <= 1:
         return 0
     score = np.empty(count - 1, dtype=np.float64)
-    depth = np.zeros(count, dtype=np.int64)
-    for node in range(1, count):  # parent[node] < node: depths in one pass
-        depth[node] = depth[parent[node]] + 1
-        score[node - 1] = weight[node] * depth_decay ** depth[node]
+    level = np.zeros(count, dtype=np.int64)  # (count,) the root's children are level 1
+    for node in range(1, count):  # parent[node] < node: levels in one pass
+        level[node] = level[parent[node]] + 1
+        score[node - 1] = weight[node] * depth_decay ** level[node]
     order = np.argsort(-score, kind="mergesort")  # stable: equal scores keep creation order
-    taken = min(max_nodes, count - 1)
+    taken = min(max_tree_nodes, count - 1)
     chosen = np.sort(order[:taken]) + 1
     for i in range(taken):
         out_nodes[i] = chosen[i]
@@ -203,10 +203,10 @@ class DraftTrie:
     Example:
         >>> trie = DraftTrie()
         >>> source = np.array([7, 8, 9, 7, 8, 5], dtype=np.int64)
-        >>> trie.add(source, np.array([1, 4]), np.array([1.0, 3.0]), depth=2)
+        >>> trie.add(source, np.array([1, 4]), np.array([1.0, 3.0]), num_draft_tokens=2)
         >>> trie.path(4).tolist()  # 8 (weight 4) then 5 (3) beats 9 (1)
         [8, 5]
-        >>> ids, parents = trie.tree(max_nodes=2)
+        >>> ids, parents = trie.tree(max_tree_nodes=2)
         >>> ids.tolist(), parents.tolist()
         ([8, 5], [-1, 0])
     """
@@ -237,52 +237,59 @@ class DraftTrie:
         self._child[0], self._sibling[0] = EMPTY, EMPTY
         self._count = 1
 
-    def add(self, source: np.ndarray, starts: np.ndarray, weights: np.ndarray, depth: int) -> None:
-        """Adds the continuations source[start : start + depth], one per start (int64), with their weights (float64)."""
-        if starts.shape[0] == 0 or depth <= 0:
+    def add(self, source: np.ndarray, starts: np.ndarray, weights: np.ndarray, num_draft_tokens: int) -> None:
+        """Adds the continuations source[start : start + num_draft_tokens], one per start (int64), with their weights (float64)."""
+        if starts.shape[0] == 0 or num_draft_tokens <= 0:
             return
-        self._reserve(self._count + starts.shape[0] * depth)
-        self._count = add_paths(source, starts, weights, depth, self.eos, *self._buffers(), self._count)
+        self._reserve(self._count + starts.shape[0] * num_draft_tokens)
+        self._count = add_paths(source, starts, weights, num_draft_tokens, self.eos, *self._buffers(), self._count)
 
-    def add_suffix_candidates(self, index, depth: int, *, walk: int, substitution_walk: int, match_weight: float,
-                              substitution_scale: float, skip_scale: float = 0.0) -> tuple[int, int]:
-        """Adds the continuations of the index's current suffix (see the kernel of that name).
+    def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
+                              match_base: float, substitution_scale: float, skip_scale: float = 0.0) -> tuple[int, int]:
+        """Adds the continuations of the current suffix of `index` (TokenIndex.buffers(); see the kernel of that name).
 
-        Returns (longest match, longest substitution match); 0 where none.
+        Returns (longest match_len, longest substitution match_len); 0 where none.
         """
-        self._reserve(self._count + (walk + substitution_walk + 1) * max(depth, 0))
+        self._reserve(self._count + (walk + substitution_walk + 1) * max(num_draft_tokens, 0))
         add_suffix_candidates(
-            index._tokens, index._prev, index._table, len(index), index.min_ngram, index.max_ngram, walk, substitution_walk,
-            substitution_scale, skip_scale, match_weight, depth, self.eos, *self._buffers(), self._count, self._ends, self._out,
+            index.tokens, index.prev, index.table, index.n, index.min_ngram, index.max_ngram, walk, substitution_walk,
+            substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos, *self._buffers(), self._count, self._ends, self._out,
         )
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
 
-    def add_longest_match(self, index, query: np.ndarray, depth: int, *, match_weight: float, scale: float = 1.0,
-                          stop_token: int | None = None) -> int:
-        """Adds what followed the longest suffix of `query` (1-D int32/int64 ids) in another index; returns its length.
+    def add_longest_match(self, index: IndexBuffers, query: np.ndarray, num_draft_tokens: int, *, match_base: float,
+                          scale: float = 1.0, stop_token: int | None = None) -> int:
+        """Adds what followed the longest suffix of `query` (1-D int32/int64 ids) in another index
+        (TokenIndex.buffers()); returns its match_len.
 
         The continuation also stops before `stop_token` (a store's sequence separator).
         """
-        self._reserve(self._count + max(depth, 0))
-        add_longest_match(index._tokens, index._table, len(index), query, index.min_ngram, index.max_ngram, scale,
-                          match_weight, depth, -1 if stop_token is None else stop_token, self.eos, *self._buffers(),
+        self._reserve(self._count + max(num_draft_tokens, 0))
+        add_longest_match(index.tokens, index.table, index.n, query, index.min_ngram, index.max_ngram, scale,
+                          match_base, num_draft_tokens, -1 if stop_token is None else stop_token, self.eos, *self._buffers(),
                           self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1])
+
+    def nodes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(token ids, parent indices, weights) of every node, root excluded, in creation order
+        (parents precede children, -1 is the root): the trie as drafts see it, for inspection."""
+        parents = self._parent[1 : self._count] - 1  # node i + 1 is entry i; the root (node 0) becomes -1
+        return self._token[1 : self._count].copy(), parents, self._weight[1 : self._count].copy()
 
     def path(self, max_len: int) -> np.ndarray:
         """The heaviest root path, at most max_len tokens (int64)."""
         out = np.empty(max(max_len, 0), dtype=np.int64)
         return out[: heaviest_path(self._token, self._weight, self._child, self._sibling, max_len, out)]
 
-    def tree(self, max_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids, parent indices) of the max_nodes heaviest nodes, each node's weight
+    def tree(self, max_tree_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
         discounted by depth_decay (<= 1) per level; parents precede children, -1 is the root."""
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
-        nodes = np.empty(max(max_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_nodes, depth_decay, nodes)]
+        nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
+        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_tree_nodes, depth_decay, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
@@ -310,11 +317,12 @@ def warm_up() -> int:
 
     index = TokenIndex(min_ngram=1, max_ngram=4)
     index.extend([4, 5, 4, 6, 9, 4])
+    buffers = index.buffers()
     trie = DraftTrie()
-    trie.add_suffix_candidates(index, 2, walk=4, substitution_walk=4, match_weight=2.0, substitution_scale=0.5, skip_scale=1.0)
+    trie.add_suffix_candidates(buffers, 2, walk=4, substitution_walk=4, match_base=2.0, substitution_scale=0.5, skip_scale=1.0)
     trie.add(np.array([4, 7, 8], dtype=np.int64), np.array([1]), np.array([1.0]), 2)
-    trie.add(index._tokens, np.array([1]), np.array([1.0]), 2)
-    trie.add_longest_match(index, index._tokens[:3], 2, match_weight=2.0, stop_token=9)
-    trie.add_longest_match(index, np.array([4, 5]), 2, match_weight=2.0)
+    trie.add(buffers.tokens, np.array([1]), np.array([1.0]), 2)
+    trie.add_longest_match(buffers, buffers.tokens[:3], 2, match_base=2.0, stop_token=9)
+    trie.add_longest_match(buffers, np.array([4, 5]), 2, match_base=2.0)
     trie.path(2)
     return trie.tree(4)[0].shape[0]

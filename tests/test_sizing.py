@@ -1,9 +1,10 @@
-"""Cost-aware draft sizing."""
+"""Cost-aware draft sizing (lookahead.sizing) and the verify-cost calibration."""
 
 import numpy as np
 import pytest
 
-from lookahead.cost import DraftSizer, verify_costs
+from lookahead import verify_costs
+from lookahead.sizing import DraftSizer, cost_curve
 from tests.models import tiny_model
 
 LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
@@ -29,12 +30,12 @@ def test_unverified_rest_of_a_cut_draft_teaches_as_the_output_shows_it():
     assert sizer.keep_chance(4) > before
     sequence = [0] * 5 + [7, 8, 9]
     sizer.settle(sequence)  # 8 and 9 agree, 10 not yet written: counted, still watched
-    assert len(sizer._watched) == 1
     assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 + 2, 0))
     sizer.settle(sequence)  # nothing new: nothing counted twice, nothing faded
     assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 + 2, 0))
     sizer.settle(sequence + [3])  # the model wrote 3 where the draft said 10: the failure
-    assert not sizer._watched
+    assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 * (0.9 + 2), 1))
+    sizer.settle(sequence + [3, 10])  # no longer watched: a later 10 teaches nothing
     assert (sizer.kept[4], sizer.failed[4]) == pytest.approx((0.9 * (0.9 + 2), 1))
 
 
@@ -54,11 +55,13 @@ def test_a_tree_step_teaches_through_the_chain_it_holds():
     # the tree step verified 4 chain tokens' worth; the model wrote 7, 8, 5: the chain failed at its third token
     sizer.observed(2, [7, 8, 9, 10], 4, [7, 8, 5], position=0)
     assert (sizer.kept[2], sizer.failed[2]) == (2, 1)
-    assert not sizer._watched
+    sizer.settle([7, 8, 5, 10])  # the failed chain's rest is not watched
+    assert (sizer.kept[2], sizer.failed[2]) == (2, 1)
     # the model wrote only 2 tokens, both the chain's: no failure seen yet, the rest watched
     sizer.observed(3, [7, 8, 9, 10], 4, [7, 8], position=0)
     assert (sizer.kept[3], sizer.failed[3]) == (2, 0)
-    assert sizer._watched == [[3, [9, 10], 2, 0]]
+    sizer.settle([7, 8, 9, 10])  # watched from position 2: both kept
+    assert (sizer.kept[3], sizer.failed[3]) == pytest.approx((0.9 * 2 + 2, 0))
 
 
 def test_tree_nodes_cost_no_more_than_the_chain_would():
@@ -81,3 +84,9 @@ def test_calibration_is_monotone_and_cached():
     assert costs.shape == (65,) and costs[1] == 1.0
     assert (np.diff(costs[1:]) >= 0).all()
     assert verify_costs(model) is costs
+
+
+@pytest.mark.parametrize("points", [[1, 2, 3], [2, 2, 2, 2, 2, 2, 2], [1, 1, float("nan"), 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, -1]])
+def test_bad_cost_curves_are_refused(points):
+    with pytest.raises(ValueError, match="cost curve"):
+        cost_curve(points)

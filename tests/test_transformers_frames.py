@@ -1,0 +1,67 @@
+"""Each transformers frame lookahead reads (lookahead/integrations/transformers.py) has a test
+here that fails the day transformers renames the function or its locals.
+
+- `_validate_generation_mode` (self, generation_mode, generation_config): the assistant's
+  `config` getter refuses beam search, static caches and encoder-decoders there;
+- the candidate generator's `__init__` (input_ids, model_kwargs): its `device` getter
+  refuses batches and static cache objects there;
+- `generate` (streamer): transformers does not forward a streamer to custom_generate.
+"""
+
+import pytest
+import torch
+
+import lookahead
+from lookahead import LookupDrafter, UnsupportedGenerationError
+from tests.cases import Collect, story_prompt
+from tests.models import stories_model, tiny_model
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(num_beams=2), "beam_search"),
+        (dict(num_beams=2, do_sample=True), "beam_sample"),
+        (dict(cache_implementation="static"), "cache_implementation='static'"),
+    ],
+    ids=["beam_search", "beam_sample", "static_cache"],
+)
+def test_validate_generation_mode_frame_refuses_what_the_loop_cannot_verify(options, message):
+    model = tiny_model("llama")
+    with pytest.raises(UnsupportedGenerationError, match=message) as error:
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5, assistant_model=LookupDrafter(), **options)
+    assert "Call generate once per sequence" in str(error.value)
+
+
+def test_candidate_generator_frame_refuses_a_batch():
+    model = tiny_model("llama")
+    input_ids = torch.tensor([[5, 6, 7], [7, 8, 9]])
+    with pytest.raises(UnsupportedGenerationError, match="batch has 2"):
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+def test_candidate_generator_frame_refuses_a_static_cache_object():
+    from transformers import StaticCache
+
+    model = tiny_model("llama")
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with pytest.raises(UnsupportedGenerationError, match="StaticCache"):
+        model.generate(torch.tensor([[5, 6, 7]]), cache=cache, max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+def test_validate_generation_mode_frame_refuses_encoder_decoders():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, decoder_start_token_id=0)).eval()
+    with pytest.raises(UnsupportedGenerationError, match="encoder-decoder"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5, assistant_model=LookupDrafter())
+
+
+def test_generate_frame_gives_custom_generate_the_streamer():
+    model = stories_model()
+    prompt = story_prompt(model)
+    streamer = Collect()
+    out = model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(),
+                         max_new_tokens=30, do_sample=False, streamer=streamer)
+    assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
+    assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()

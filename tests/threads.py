@@ -1,0 +1,22 @@
+"""Running test workers in threads so that a worker's exception fails the test (not just a warning)."""
+
+import threading
+
+
+def run_in_threads(*workers) -> None:
+    """Runs each callable in its own thread, joins them all, re-raises the first exception any raised."""
+    errors = []
+
+    def guarded(worker):
+        try:
+            worker()
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
