@@ -129,9 +129,9 @@ class TokenStore:
 
     def save(self, path: str | Path) -> None:
         """Writes the store to `path` (numpy .npz: a versioned header and the tokens)."""
-        with self._lock:
+        with self._lock:  # copies: adds after the lock is released must not reach the file
             header = dict(format=_FORMAT, version=_VERSION, max_tokens=self.max_tokens,
-                          min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=self._starts)
+                          min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=list(self._starts))
             tokens = self._index.tokens.astype(np.int32)
         with open(path, "wb") as f:
             np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), tokens=tokens)

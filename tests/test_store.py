@@ -1,6 +1,8 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -231,3 +233,59 @@ def test_generate_calls_in_threads_share_one_memory_and_stay_exact():
     assert not errors
     assert [results[i] for i in range(len(prompts))] == expected
     assert memory.num_sequences >= len(prompts)  # each second call filed its first request
+
+
+def _contents(store):
+    """What a saved file must reproduce: the options, the tokens and the sequence starts."""
+    return (store.max_tokens, store._index.min_ngram, store._index.max_ngram, store._index.tokens.tolist(), list(store._starts))
+
+
+def _run_in_threads(*targets):
+    """Starts one thread per target; returns (the exceptions they raised, a function that joins them)."""
+    errors = []
+
+    def guarded(target):
+        try:
+            target()
+        except BaseException as e:  # reported by the caller's assert: a crashed thread must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(t,), daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    return errors, lambda: [t.join() for t in threads]
+
+
+def test_save_while_other_threads_add_writes_loadable_consistent_files(tmp_path):
+    # The header once held the live starts list and was written after the lock was released:
+    # starts added meanwhile had no tokens in the file, which then did not load.
+    store = TokenStore(max_tokens=20_000)
+    stop = threading.Event()
+
+    def writer(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            first = int(rng.integers(0, 10_000))
+            store.add(np.arange(first, first + rng.integers(1, 60)))  # every sequence counts up by one
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads interleave often, so saves really race with adds
+    errors, join = _run_in_threads(lambda: writer(0), lambda: writer(1))
+    try:
+        for i in range(20):
+            seen = store.num_sequences
+            while store.num_sequences == seen and not errors:  # a writer is busy: saves race with adds
+                time.sleep(0.001)
+            store.save(tmp_path / f"{i}.npz")
+    finally:
+        stop.set()
+        join()
+        sys.setswitchinterval(switch_interval)
+    assert not errors
+    for i in range(20):
+        loaded = TokenStore.load(tmp_path / f"{i}.npz")
+        tokens = loaded._index.tokens.astype(np.int64)
+        assert 0 < len(loaded) <= 20_000 and tokens[-1] == SEPARATOR
+        for start, stop_ in zip(loaded._starts, loaded._starts[1:] + [tokens.size]):
+            sequence = tokens[start : stop_ - 1]
+            assert sequence.size and (np.diff(sequence) == 1).all()  # a whole sequence, as added
