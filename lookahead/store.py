@@ -5,8 +5,11 @@ requests wrote (cross-request memory) and documents a RAG pipeline or code assis
 retrieved. One store may serve many drafters in many threads.
 """
 
+import contextlib
 import json
+import os
 import threading
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -128,13 +131,16 @@ class TokenStore:
     # -- persistence -----------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        """Writes the store to `path` (numpy .npz: a versioned header and the tokens)."""
+        """Writes the store to `path` (numpy .npz: a versioned header and the tokens).
+
+        Atomic: the file is written beside `path` and renamed over it, so a crash leaves the old
+        file or the new one, whole (a crash may leave a hidden `.<name>.<random>.tmp` behind).
+        """
         with self._lock:  # copies: adds after the lock is released must not reach the file
             header = dict(format=_FORMAT, version=_VERSION, max_tokens=self.max_tokens,
                           min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=list(self._starts))
             tokens = self._index.tokens.astype(np.int32)
-        with open(path, "wb") as f:
-            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), tokens=tokens)
+        _write_atomically(Path(path), header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), tokens=tokens)
 
     @classmethod
     def load(cls, path: str | Path) -> "TokenStore":
@@ -168,3 +174,24 @@ class TokenStore:
         store._index.extend(tokens)
         store._starts = starts
         return store
+
+
+def _write_atomically(path: Path, **arrays: np.ndarray) -> None:
+    """Writes an .npz of `arrays` to a temporary file beside `path`, syncs it and renames it over `path`."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable too, where directories can be opened and synced
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)

@@ -1,5 +1,7 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
+import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -289,3 +291,53 @@ def test_save_while_other_threads_add_writes_loadable_consistent_files(tmp_path)
         for start, stop_ in zip(loaded._starts, loaded._starts[1:] + [tokens.size]):
             sequence = tokens[start : stop_ - 1]
             assert sequence.size and (np.diff(sequence) == 1).all()  # a whole sequence, as added
+
+
+def _save_after_signal(store, path, started):
+    started.set()
+    store.save(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks the saving process, to kill it")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # the child only writes a file
+def test_a_save_killed_midway_leaves_the_old_or_the_new_file_whole(tmp_path):
+    # save() once truncated the target first: a crash mid-save left a file that did not load.
+    old, new = TokenStore(max_tokens=16), TokenStore(max_tokens=2_000_000, min_ngram=1, max_ngram=1)
+    old.add([1, 2, 3])
+    new.add(np.arange(1_500_000) % 50_000)  # 6 MB on disk
+    target = tmp_path / "store.npz"
+    began = time.perf_counter()
+    new.save(target)
+    save_seconds = time.perf_counter() - began
+    forks = multiprocessing.get_context("fork")  # no re-import: the child starts saving at once
+    outcomes = []
+    for fraction in (0.05, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5):
+        old.save(target)
+        started = forks.Event()
+        child = forks.Process(target=_save_after_signal, args=(new, target, started))
+        child.start()
+        assert started.wait(10)
+        time.sleep(fraction * save_seconds)
+        child.kill()  # SIGKILL: no cleanup runs
+        child.join()
+        loaded = _contents(TokenStore.load(target))
+        assert loaded in (_contents(old), _contents(new))
+        outcomes.append(loaded == _contents(new))
+    assert not outcomes[0]  # the earliest kill came before the save was done
+
+
+def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    old, new = TokenStore(), TokenStore()
+    old.add([1, 2, 3])
+    new.add([4, 5, 6, 7])
+    old.save(tmp_path / "s.npz")
+
+    def failing_fsync(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)  # the disk fails once the data is written
+    with pytest.raises(OSError, match="Input/output"):
+        new.save(tmp_path / "s.npz")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["s.npz"]
+    assert _contents(TokenStore.load(tmp_path / "s.npz")) == _contents(old)
