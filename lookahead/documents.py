@@ -128,7 +128,7 @@ class DocumentLibrary:
 
     @classmethod
     def load(cls, path, **kwargs) -> "DocumentLibrary":
-        """Reads a library written by `save`; StoreFileError if the file is not one, and nothing is built."""
+        """Reads a library written by `save`; StoreFileError if the file is not one (nothing is built), OSError if unreadable."""
         store = TokenStore.load(path)
         tokens = store._index.tokens.astype(np.int64)
         library = cls(**kwargs)

@@ -1,10 +1,14 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
+import io
+import re
 import multiprocessing
 import os
 import sys
 import threading
 import time
+import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
@@ -151,9 +155,129 @@ def test_bad_store_files_are_refused(tmp_path, damage, message):
         TokenStore.load(path)
 
 
-def test_missing_store_file(tmp_path):
-    with pytest.raises(StoreFileError, match="no such file"):
-        TokenStore.load(tmp_path / "none.npz")
+def _unreadable(tmp_path, kind):
+    if kind == "missing":
+        return tmp_path / "none.npz"
+    if kind == "directory":
+        return tmp_path
+    if kind == "under_a_file":
+        (tmp_path / "file").write_bytes(b"")
+        return tmp_path / "file" / "s.npz"
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their mode")
+    path = tmp_path / "s.npz"
+    TokenStore().save(path)
+    path.chmod(0)
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, error",
+    [("missing", FileNotFoundError), ("directory", IsADirectoryError), ("under_a_file", NotADirectoryError), ("no_permission", PermissionError)],
+)
+def test_an_unreadable_file_raises_its_os_error(tmp_path, kind, error):
+    # Was: StoreFileError("not a lookahead store file (PermissionError ...)"), and "no such file" for a missing one.
+    with pytest.raises(error):
+        TokenStore.load(_unreadable(tmp_path, kind))
+
+
+@pytest.mark.parametrize(
+    "header, tokens, message",
+    [
+        ({"max_ngram": 99}, None, "max_ngram=99"),
+        ({"min_ngram": 0}, None, "min_ngram=0"),
+        ({"min_ngram": True}, None, "must be ints"),
+        ({"max_tokens": 3}, None, "max_tokens must be an int >= 16, got 3"),
+        ({"max_tokens": "many"}, None, "must be ints"),
+        (None, np.array([1, 2, 2**40, SEPARATOR, 4, 5, SEPARATOR]), str(2**40)),
+        (None, np.array([1, 2, -3, SEPARATOR, 4, 5, SEPARATOR]), "-3"),
+        (None, np.array([1.0, 2, 3, SEPARATOR, 4, 5, SEPARATOR]), "1-D integer array"),
+        (None, np.array([[1, 2, 3, SEPARATOR, 4, 5, SEPARATOR]]), "1-D integer array"),
+    ],
+    ids=["max_ngram_99", "min_ngram_0", "min_ngram_bool", "max_tokens_3", "max_tokens_str", "token_2**40", "token_negative", "float_tokens", "2d_tokens"],
+)
+def test_well_formed_files_with_bad_values_raise_store_file_error(tmp_path, header, tokens, message):
+    # Were plain ValueErrors raised while building the store.
+    path = tmp_path / "s.npz"
+    store = TokenStore()
+    store.add([1, 2, 3])
+    store.add([4, 5])
+    store.save(path)
+    _corrupt(path, header=header, tokens=tokens)
+    with pytest.raises(StoreFileError, match=re.escape(message)):
+        TokenStore.load(path)
+
+
+def test_load_refuses_more_tokens_than_the_files_max_tokens(tmp_path):
+    path = tmp_path / "s.npz"
+    store = TokenStore(max_tokens=20_000)
+    for i in range(13):
+        store.add(np.arange(980) + i)  # 13 * 981 = 12,753 tokens
+    store.save(path)
+    _corrupt(path, header={"max_tokens": 100})
+    with pytest.raises(StoreFileError, match="12753 tokens, more than max_tokens=100"):
+        TokenStore.load(path)
+
+
+@pytest.mark.parametrize(
+    "tokens, starts",
+    [
+        ([1, 2, 3, SEPARATOR, 4, 5, SEPARATOR], [0, 3]),  # shifted back onto a separator
+        ([1, 2, 3, SEPARATOR, 4, 5, SEPARATOR], [0, 5]),  # shifted into a sequence
+        ([1, 2, 3, SEPARATOR, 4, 5, SEPARATOR], [0]),  # one missing
+        ([1, 2, 3, SEPARATOR, 4, 5, SEPARATOR], [0, 4, 6]),  # one too many
+        ([1, 2, 3, SEPARATOR, 4, 5, SEPARATOR], [1, 4]),  # the first not at 0
+        ([1, 2, 3, SEPARATOR, 4, 5], [0, 4]),  # the last sequence unterminated
+        ([1, 2, 3, SEPARATOR, SEPARATOR], [0, 4]),  # an empty sequence: add() never stores one
+        ([SEPARATOR, 4, 5, SEPARATOR], [0, 1]),
+    ],
+)
+def test_sequence_starts_that_disagree_with_the_separators_are_refused(tmp_path, tokens, starts):
+    # A shifted start used to load silently.
+    path = tmp_path / "s.npz"
+    TokenStore().save(path)
+    _corrupt(path, header={"starts": starts}, tokens=np.array(tokens, dtype=np.int32))
+    with pytest.raises(StoreFileError, match="corrupt"):
+        TokenStore.load(path)
+
+
+def _hostile(path, *, max_tokens, declared, compression):
+    """A store file whose tokens array declares `declared` int32 tokens but holds 1 MB of zeros."""
+    import json
+    import zipfile
+
+    header = json.dumps(dict(format="lookahead.TokenStore", version=1, max_tokens=max_tokens, min_ngram=1, max_ngram=8, starts=[]))
+    npy = io.BytesIO()
+    np.lib.format.write_array_header_1_0(npy, dict(descr="<i4", fortran_order=False, shape=(declared,)))
+    with zipfile.ZipFile(path, "w") as archive:
+        buffer = io.BytesIO()
+        np.save(buffer, np.frombuffer(header.encode(), dtype=np.uint8))
+        archive.writestr("header.npy", buffer.getvalue())
+        archive.writestr("tokens.npy", npy.getvalue() + bytes(2**20), compress_type=compression)
+
+
+@pytest.mark.parametrize(
+    "max_tokens, declared, compression, message",
+    [
+        (10**12, 400_000_000, zipfile.ZIP_DEFLATED, "400000000 tokens, more than TokenIndex holds"),
+        (1_000, 100_000_000, zipfile.ZIP_STORED, "100000000 tokens, more than max_tokens=1000"),
+        (2**27, 100_000_000, zipfile.ZIP_DEFLATED, "compressed"),
+        (2**27, 100_000_000, zipfile.ZIP_STORED, "declares 400000000 bytes of data, holds 1048576"),
+    ],
+    ids=["over_the_index_limit", "over_max_tokens", "deflated", "size_mismatch"],
+)
+def test_declared_array_sizes_are_checked_before_the_data_is_read(tmp_path, max_tokens, declared, compression, message):
+    # A 1.5 MB deflated file declaring 400M tokens took 23 s and 5 GB before it was refused.
+    path = tmp_path / "s.npz"
+    _hostile(path, max_tokens=max_tokens, declared=declared, compression=compression)
+    tracemalloc.start()
+    try:
+        with pytest.raises(StoreFileError, match=message):
+            TokenStore.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # bytes: nothing sized by the declared shape was allocated
 
 
 def test_bad_store_input():
