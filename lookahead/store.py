@@ -20,8 +20,8 @@ from lookahead.index import TokenIndex, kernels
 from lookahead.index.token_index import _as_token_array
 
 SEPARATOR = 2**31 - 1  # ends every sequence: no gram spans two sequences, none ends at the last position
-_FORMATS = ("lookahead.TokenStore",)  # header["format"]
-_VERSION = 1
+_FORMATS = ("lookahead.TokenStore", "lookahead.DocumentLibrary")  # header["format"]: the class whose load reads the file
+_VERSION = 2  # 2: a format marker per class (1: TokenStore's, for DocumentLibrary files too)
 _NOTHING = np.zeros(0, dtype=np.int64)
 
 
@@ -188,6 +188,9 @@ class TokenStore:
                 raise StoreFileError(f"not a lookahead store file (format {written_by!r})")
             if header.get("version") != _VERSION:
                 raise StoreFileError(f"lookahead file format version {header.get('version')!r}; this lookahead reads version {_VERSION} only")
+            if written_by != f"lookahead.{kind}":
+                other = written_by.removeprefix("lookahead.")
+                raise StoreFileError(f"a {other} file, not a {kind} one: read it with {other}.load")
             options = {name: header.get(name) for name in ("max_tokens", "min_ngram", "max_ngram")}
             if any(type(value) is not int for value in options.values()):
                 raise StoreFileError(f"max_tokens, min_ngram and max_ngram must be ints, got {options}")

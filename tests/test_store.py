@@ -241,12 +241,20 @@ def test_sequence_starts_that_disagree_with_the_separators_are_refused(tmp_path,
         TokenStore.load(path)
 
 
+def test_version_1_files_are_refused_naming_the_versions(tmp_path):
+    path = tmp_path / "s.npz"
+    TokenStore().save(path)
+    _corrupt(path, header={"version": 1})
+    with pytest.raises(StoreFileError, match="format version 1; this lookahead reads version 2"):
+        TokenStore.load(path)
+
+
 def _hostile(path, *, max_tokens, declared, compression):
     """A store file whose tokens array declares `declared` int32 tokens but holds 1 MB of zeros."""
     import json
     import zipfile
 
-    header = json.dumps(dict(format="lookahead.TokenStore", version=1, max_tokens=max_tokens, min_ngram=1, max_ngram=8, starts=[]))
+    header = json.dumps(dict(format="lookahead.TokenStore", version=2, max_tokens=max_tokens, min_ngram=1, max_ngram=8, starts=[]))
     npy = io.BytesIO()
     np.lib.format.write_array_header_1_0(npy, dict(descr="<i4", fortran_order=False, shape=(declared,)))
     with zipfile.ZipFile(path, "w") as archive:
