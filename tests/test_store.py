@@ -1,6 +1,7 @@
 """TokenStore (cross-request memory, documents): matching, eviction, threads, save and load."""
 
 import io
+import json
 import re
 import multiprocessing
 import os
@@ -12,6 +13,8 @@ import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lookahead import LookupDrafter, StoreFileError, TokenStore
 from lookahead.store import SEPARATOR
@@ -118,8 +121,6 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def _corrupt(path, header=None, tokens=None):
-    import json
-
     with np.load(path) as data:
         h = json.loads(bytes(data["header"]).decode())
         t = data["tokens"]
@@ -251,9 +252,6 @@ def test_version_1_files_are_refused_naming_the_versions(tmp_path):
 
 def _hostile(path, *, max_tokens, declared, compression):
     """A store file whose tokens array declares `declared` int32 tokens but holds 1 MB of zeros."""
-    import json
-    import zipfile
-
     header = json.dumps(dict(format="lookahead.TokenStore", version=2, max_tokens=max_tokens, min_ngram=1, max_ngram=8, starts=[]))
     npy = io.BytesIO()
     np.lib.format.write_array_header_1_0(npy, dict(descr="<i4", fortran_order=False, shape=(declared,)))
@@ -473,3 +471,108 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatc
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["s.npz"]
     assert _contents(TokenStore.load(tmp_path / "s.npz")) == _contents(old)
+
+
+def _members(data: bytes) -> dict:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def _zipped(members: dict) -> bytes:
+    """An .npz of raw members, with their CRCs right: the loader's own checks must catch what is wrong."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+def _npy(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _mutate(draw, original: bytes) -> tuple[bytes, bool]:
+    """(a mutated file, whether it was rebuilt with right CRCs: then it may hold other data than was saved)."""
+    kind = draw(st.sampled_from(["flip", "truncate", "header_field", "npy_header", "member_bytes"]))
+    if kind == "flip":
+        damaged = bytearray(original)
+        for at, mask in draw(st.lists(st.tuples(st.integers(0, len(original) - 1), st.integers(1, 255)), min_size=1, max_size=4)):
+            damaged[at] ^= mask
+        return bytes(damaged), False
+    if kind == "truncate":
+        return original[: draw(st.integers(0, len(original) - 1))], False
+    members = _members(original)
+    if kind == "header_field":
+        header = json.loads(np.load(io.BytesIO(members["header.npy"])).tobytes())
+        field = draw(st.sampled_from(["format", "version", "max_tokens", "min_ngram", "max_ngram", "starts", "other"]))
+        if draw(st.booleans()):
+            header.pop(field, None)
+        else:
+            header[field] = draw(_JSON | st.lists(st.integers(-2, 40), max_size=8))
+        if draw(st.integers(0, 9)) == 0:
+            header = draw(_JSON)  # not even a dict
+        members["header.npy"] = _npy(np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))
+    elif kind == "npy_header":
+        name = draw(st.sampled_from(["header.npy", "tokens.npy"]))
+        content = io.BytesIO(members[name])
+        np.lib.format.read_magic(content)
+        np.lib.format.read_array_header_1_0(content)
+        declared = dict(
+            descr=draw(st.sampled_from(["<i4", ">i4", "<u4", "<i8", "<i2", "|u1", "<f8", "|O", "<U2", "|b1", "<c8"])),
+            fortran_order=draw(st.booleans()),
+            shape=tuple(draw(st.lists(st.integers(-1, 2**62) | st.integers(0, 40), max_size=2))),
+        )
+        head = io.BytesIO()
+        np.lib.format.write_array_header_1_0(head, declared)
+        members[name] = head.getvalue() + content.read()
+    else:  # member_bytes: anything in one member, its npy header included
+        name = draw(st.sampled_from(["header.npy", "tokens.npy"]))
+        content = bytearray(members[name])
+        for at, mask in draw(st.lists(st.tuples(st.integers(0, len(content) - 1), st.integers(1, 255)), min_size=1, max_size=3)):
+            content[at] ^= mask
+        members[name] = bytes(content)
+    return _zipped(members), True
+
+
+def _as_declared(data: bytes):
+    """What a file says, read by numpy: only called on files that loaded, whose sizes are sane."""
+    with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+        header = json.loads(arrays["header"].tobytes())
+        tokens = arrays["tokens"].astype(np.int64).tolist()
+    return (header["max_tokens"], header["min_ngram"], header["max_ngram"], tokens, header["starts"])
+
+
+def test_mutated_files_load_what_they_hold_or_raise_store_file_error(tmp_path):
+    store = TokenStore(max_tokens=64, min_ngram=1, max_ngram=4)
+    for sequence in ([5, 6, 7, 8], [9], [6, 7, 10, 11, 12], [300, 2**31 - 2]):
+        store.add(sequence)
+    store.save(tmp_path / "saved.npz")
+    original, saved = (tmp_path / "saved.npz").read_bytes(), _contents(store)
+    path = tmp_path / "mutated.npz"
+
+    @settings(max_examples=100, deadline=2000, database=None)
+    @given(st.data())
+    def check(data):
+        mutated, rebuilt = _mutate(data.draw, original)
+        path.write_bytes(mutated)
+        tracemalloc.start()
+        try:
+            loaded = _contents(TokenStore.load(path))
+        except StoreFileError:
+            return
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert peak < 8 * 2**20  # bytes, for a file of a few hundred: nothing sized by what it declares
+        assert loaded == (_as_declared(mutated) if rebuilt else saved)
+
+    check()
