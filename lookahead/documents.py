@@ -123,13 +123,13 @@ class DocumentLibrary:
         return store
 
     def save(self, path) -> None:
-        """Writes the documents (a TokenStore file; the automaton is rebuilt on load)."""
-        self._store(range(len(self.documents)), 1, 1).save(path)
+        """Writes the documents (in TokenStore's file format, atomically; the automaton is rebuilt on load)."""
+        self._store(range(len(self.documents)), 1, 1)._save(path, "DocumentLibrary")
 
     @classmethod
     def load(cls, path, **kwargs) -> "DocumentLibrary":
-        """Reads a library written by `save`; StoreFileError if the file is not one, and nothing is built."""
+        """Reads a library written by `save`; StoreFileError if the file is not one (nothing is built), OSError if unreadable."""
         library = cls(**kwargs)
-        for document in TokenStore.load(path).sequences():
+        for document in TokenStore._load(path, "DocumentLibrary").sequences():
             library.add(document)
         return library

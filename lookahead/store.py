@@ -5,18 +5,23 @@ requests wrote (cross-request memory) and documents a RAG pipeline or code assis
 retrieved. One store may serve many drafters in many threads.
 """
 
+import contextlib
+import errno
 import json
+import os
 import threading
+import uuid
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from lookahead.errors import StoreFileError
-from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, SEPARATOR, TokenIndex, as_token_ids
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, SEPARATOR, TokenIndex, as_token_ids, kernels
 
 DEFAULT_MAX_TOKENS = 262_144  # about 15 MB (about 60 bytes a token, see TokenIndex)
-_FORMAT = "lookahead.TokenStore"
-_VERSION = 1
+_FORMATS = ("lookahead.TokenStore", "lookahead.DocumentLibrary")  # header["format"]: the class whose load reads the file
+_VERSION = 2  # 2: a format marker per class (1: TokenStore's, for DocumentLibrary files too)
 
 
 class TokenStore:
@@ -55,6 +60,14 @@ class TokenStore:
     @property
     def num_sequences(self) -> int:
         return len(self._starts)
+
+    @property
+    def min_ngram(self) -> int:
+        return self._index.min_ngram
+
+    @property
+    def max_ngram(self) -> int:
+        return self._index.max_ngram
 
     @property
     def nbytes(self) -> int:
@@ -116,42 +129,137 @@ class TokenStore:
     # -- persistence -----------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        """Writes the store to `path` (numpy .npz: a versioned header and the tokens)."""
-        with self._lock:
-            header = dict(format=_FORMAT, version=_VERSION, max_tokens=self.max_tokens,
-                          min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=self._starts)
+        """Writes the store to `path` (numpy .npz: a versioned header and the tokens).
+
+        Atomic: the file is written beside `path` and renamed over it, so a crash leaves the old
+        file or the new one, whole (a crash may leave a hidden `.<name>.<random>.tmp` behind).
+        """
+        self._save(path, "TokenStore")
+
+    def _save(self, path: str | Path, kind: str) -> None:
+        with self._lock:  # copies: adds after the lock is released must not reach the file
+            header = dict(format=f"lookahead.{kind}", version=_VERSION, max_tokens=self.max_tokens,
+                          min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=list(self._starts))
             tokens = self._index.tokens.astype(np.int32)
-        with open(path, "wb") as f:
-            np.savez(f, header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), tokens=tokens)
+        _write_atomically(Path(path), header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), tokens=tokens)
 
     @classmethod
     def load(cls, path: str | Path) -> "TokenStore":
-        """Reads a store written by `save`. Raises StoreFileError, and builds nothing, if the file is not one."""
-        path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                header = json.loads(bytes(data["header"]).decode())
-                tokens = np.asarray(data["tokens"], dtype=np.int64)
-        except FileNotFoundError:
-            raise StoreFileError(f"{path}: no such file") from None
-        except Exception as e:  # zip, npy and json errors all mean: not a readable store
-            raise StoreFileError(f"{path}: not a lookahead store file ({type(e).__name__}: {e})") from None
-        if not isinstance(header, dict) or header.get("format") != _FORMAT:
-            raise StoreFileError(f"{path}: not a lookahead store file (format {header.get('format') if isinstance(header, dict) else None!r})")
-        if header.get("version") != _VERSION:
-            raise StoreFileError(f"{path}: store format version {header.get('version')!r}, this lookahead reads {_VERSION}")
-        starts = header.get("starts")
-        valid = (
-            isinstance(starts, list)
-            and tokens.ndim == 1
-            and all(isinstance(s, int) for s in starts)
-            and starts == sorted(starts)
-            and (not starts or (starts[0] == 0 and tokens.size > 0 and tokens[-1] == SEPARATOR))
-            and int(np.count_nonzero(tokens == SEPARATOR)) == len(starts)
-            and (tokens.size == 0 or int(tokens.min()) >= 0)
-        )
-        if not valid:
-            raise StoreFileError(f"{path}: corrupt lookahead store (tokens and sequence starts disagree)")
-        store = cls(max_tokens=header["max_tokens"], min_ngram=header["min_ngram"], max_ngram=header["max_ngram"])
+        """Reads a store written by `save`.
+
+        Time and memory are linear in the file's size, whatever its arrays declare.
+
+        Raises:
+            StoreFileError: the file is not a TokenStore file (corrupt, truncated, foreign, of
+                another format version, over its max_tokens); nothing is built.
+            OSError: the file cannot be read (FileNotFoundError, PermissionError, ...).
+        """
+        return cls._load(path, "TokenStore")
+
+    @classmethod
+    def _load(cls, path: str | Path, kind: str) -> "TokenStore":
+        with open(path, "rb") as f:  # an unreadable file raises its own OSError: it is not a corrupt one
+            try:
+                store, tokens, starts = cls._read(f, kind)
+            except StoreFileError as e:
+                raise StoreFileError(f"{path}: {e}") from None
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: a seek before the file's start, where a corrupt zip points
+                    raise
+                raise StoreFileError(f"{path}: not a lookahead store file ({e})") from None
+            except Exception as e:  # zip, npy and json errors all mean: not a readable store
+                raise StoreFileError(f"{path}: not a lookahead store file ({type(e).__name__}: {e})") from None
         store._refill(tokens)
         return store
+
+    @classmethod
+    def _read(cls, f, kind: str) -> tuple["TokenStore", np.ndarray, list[int]]:
+        # (an empty store with the file's options, its tokens, its sequence starts), all validated
+        file_bytes = os.fstat(f.fileno()).st_size
+        with zipfile.ZipFile(f) as archive:
+            header = json.loads(_read_array(archive, "header", file_bytes).tobytes())
+            written_by = header.get("format") if isinstance(header, dict) else None
+            if written_by not in _FORMATS:
+                raise StoreFileError(f"not a lookahead store file (format {written_by!r})")
+            if header.get("version") != _VERSION:
+                raise StoreFileError(f"lookahead file format version {header.get('version')!r}; this lookahead reads version {_VERSION} only")
+            if written_by != f"lookahead.{kind}":
+                other = written_by.removeprefix("lookahead.")
+                raise StoreFileError(f"a {other} file, not a {kind} one: read it with {other}.load")
+            options = {name: header.get(name) for name in ("max_tokens", "min_ngram", "max_ngram")}
+            if any(type(value) is not int for value in options.values()):
+                raise StoreFileError(f"max_tokens, min_ngram and max_ngram must be ints, got {options}")
+            try:
+                store = cls(**options)
+            except ValueError as e:
+                raise StoreFileError(f"bad options: {e}") from None
+            limits = [(store.max_tokens, f"max_tokens={store.max_tokens}"), (kernels.MAX_POSITIONS, f"TokenIndex holds ({kernels.MAX_POSITIONS})")]
+            tokens = _read_array(archive, "tokens", file_bytes, limits)
+        tokens, starts = _stored_sequences(tokens, header.get("starts"))
+        return store, tokens, starts
+
+
+def _read_array(archive: zipfile.ZipFile, name: str, file_bytes: int, limits=()) -> np.ndarray:
+    """The 1-D integer array `name`.npy of an .npz, its shape, dtype and size checked before its data is read.
+
+    limits: (most items, what sets it) pairs. Only uncompressed members are read, as `save` writes them, so
+    that no declared size can outgrow the file (`file_bytes` long).
+    """
+    info = archive.getinfo(f"{name}.npy")
+    with archive.open(info) as member:
+        version = np.lib.format.read_magic(member)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read_header is None:
+            raise StoreFileError(f"{name}: npy format version {version}, expected 1.0 or 2.0")
+        shape, _, dtype = read_header(member)
+        if len(shape) != 1 or dtype.kind not in "iu":
+            raise StoreFileError(f"{name}: a 1-D integer array expected, got shape {shape}, dtype {dtype}")
+        for most, what in limits:
+            if shape[0] > most:
+                raise StoreFileError(f"{name}: {shape[0]} {name}, more than {what}")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise StoreFileError(f"{name}: compressed; lookahead reads the uncompressed arrays that save writes")
+        nbytes = shape[0] * dtype.itemsize
+        held = info.file_size - member.tell()
+        if held != nbytes or info.compress_size != info.file_size or info.file_size > file_bytes:
+            raise StoreFileError(f"{name}: declares {nbytes} bytes of data, holds {held}")
+        data = member.read(nbytes)  # to the member's end, so zipfile checks its CRC
+    if len(data) != nbytes:
+        raise StoreFileError(f"{name}: truncated")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _stored_sequences(tokens: np.ndarray, starts) -> tuple[np.ndarray, list[int]]:
+    """Validates a saved store's tokens (sequences, each nonempty and ended by SEPARATOR) and the
+    starts saved with them; returns (the tokens as int64, the starts)."""
+    try:
+        as_token_ids(tokens[tokens != SEPARATOR])
+    except ValueError as e:
+        raise StoreFileError(f"tokens: {e}") from None
+    after = np.flatnonzero(tokens == SEPARATOR) + 1  # one past each separator: where the next sequence starts
+    expected = [0] + after[:-1].tolist() if after.size else []
+    ended = (int(after[-1]) if after.size else 0) == tokens.size
+    if starts != expected or not ended or (np.diff(after, prepend=0) < 2).any():
+        raise StoreFileError("corrupt lookahead store (tokens and sequence starts disagree)")
+    return tokens.astype(np.int64), expected
+
+
+def _write_atomically(path: Path, **arrays: np.ndarray) -> None:
+    """Writes an .npz of `arrays` to a temporary file beside `path`, syncs it and renames it over `path`."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(temporary, "xb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable too, where directories can be opened and synced
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)

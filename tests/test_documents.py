@@ -78,3 +78,18 @@ def test_bad_options(kwargs, message):
 def test_documents_must_be_a_library():
     with pytest.raises(TypeError, match="DocumentLibrary"):
         LookupDrafter(documents=[1, 2])
+
+
+def test_each_class_refuses_the_others_file(tmp_path):
+    # Both classes once wrote the same format marker, so each loaded the other's files.
+    from lookahead import TokenStore
+
+    store = TokenStore()
+    store.add([1, 2, 3])
+    store.save(tmp_path / "store.npz")
+    library_of([[4, 5, 6]]).save(tmp_path / "library.npz")
+    with pytest.raises(StoreFileError, match=r"a TokenStore file, not a DocumentLibrary one: read it with TokenStore\.load"):
+        DocumentLibrary.load(tmp_path / "store.npz")
+    with pytest.raises(StoreFileError, match=r"a DocumentLibrary file, not a TokenStore one: read it with DocumentLibrary\.load"):
+        TokenStore.load(tmp_path / "library.npz")
+    assert [d.tolist() for d in DocumentLibrary.load(tmp_path / "library.npz").documents] == [[4, 5, 6]]

@@ -3,8 +3,8 @@
 import threading
 
 
-def run_in_threads(*workers) -> None:
-    """Runs each callable in its own thread, joins them all, re-raises the first exception any raised."""
+def start_threads(*workers):
+    """Starts one daemon thread per callable; returns (the exceptions they raise, a function that joins them)."""
     errors = []
 
     def guarded(worker):
@@ -13,10 +13,15 @@ def run_in_threads(*workers) -> None:
         except BaseException as e:  # noqa: BLE001 - every failure must reach the test
             errors.append(e)
 
-    threads = [threading.Thread(target=guarded, args=(w,)) for w in workers]
+    threads = [threading.Thread(target=guarded, args=(w,), daemon=True) for w in workers]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    return errors, lambda: [t.join() for t in threads]
+
+
+def run_in_threads(*workers) -> None:
+    """Runs each callable in its own thread, joins them all, re-raises the first exception any raised."""
+    errors, join = start_threads(*workers)
+    join()
     if errors:
         raise errors[0]
