@@ -1,7 +1,8 @@
 """Cost-aware draft sizing: how many drafted tokens are worth verifying (numpy only).
 
-A cost curve `costs[n]` is the time of a forward pass over n new tokens relative to one
-(`cost_curve`; measured by lookahead.integrations.calibration.verify_costs). `DraftSizer` keeps, per anchor match length, a
+A cost curve `costs[n]` is the time of a verify step over n tokens relative to one
+(`cost_curve`). `StepCosts` learns it from the loop's own step times, seeded by a
+calibration (lookahead.integrations.calibration). `DraftSizer` keeps, per anchor match length, a
 running estimate of the chance that a drafted token is kept, and cuts each chain draft to
 the length n that maximises expected tokens per unit of time:
 
@@ -48,6 +49,57 @@ def plan_step(drafter, sizer, num_draft_tokens: int, *, tree: bool = False, max_
     return chain, drafter.propose_tree(num_draft_tokens, max_tree_nodes=sizer.tree_nodes(size, max_tree_nodes)), size
 
 
+class StepCosts:
+    """What verifying n tokens costs relative to one, learnt from the loop's own steps.
+
+    Seeded with calibrated seconds per block width at SIZES. Each step the loop reports
+    (width, seconds); the nearest SIZES entry (in log scale) keeps an exponential average.
+    A width not yet seen is estimated from the nearest seen narrower one plus the
+    calibration's extra seconds between the two: a wider block adds compute, which the
+    context length barely changes, while a plain step's time grows with the context (so a
+    calibration at a short context overprices wide blocks relative to one token).
+    No monotone smoothing: a wider block measured cheaper stays cheaper, and one within
+    NOISE of a narrower block's cost is priced as that narrower block, so the sizer
+    verifies the wider one.
+
+    Args:
+        seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
+        decay: weight of the old average when a step is observed.
+    """
+
+    NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
+
+    def __init__(self, seconds, *, decay: float = 0.8):
+        self.seed = np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
+        if self.seed.shape != (len(SIZES),) or not (self.seed > 0).all():
+            raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
+        self.seconds = self.seed.copy()  # (len(SIZES),) learnt seconds where seen
+        self.seen = np.zeros(len(SIZES), dtype=bool)
+        self.decay = decay
+
+    def observe(self, width: int, seconds: float) -> None:
+        i = min(int(round(np.log2(max(width, 1)))), len(SIZES) - 1)
+        self.seconds[i] = seconds if not self.seen[i] else self.decay * self.seconds[i] + (1 - self.decay) * seconds
+        self.seen[i] = True
+
+    def relative(self) -> np.ndarray:
+        """costs[n], n in 0..64, relative to a plain step (cost_curve)."""
+        estimate = self.seconds.copy()
+        seen = np.flatnonzero(self.seen)
+        for i in np.flatnonzero(~self.seen):
+            below, above = seen[seen < i], seen[seen > i]
+            anchor = below[-1] if below.size else above[0] if above.size else None
+            if anchor is not None:  # the anchor's measured time plus the calibrated extra of the wider block
+                estimate[i] = max(self.seconds[anchor] + self.seed[i] - self.seed[anchor], 1e-9)
+        level = estimate[0]
+        for i in range(1, len(SIZES)):
+            if estimate[i] <= level * (1 + self.NOISE):
+                estimate[i] = min(estimate[i], level)  # within noise of a narrower block: no dearer
+            else:
+                level = estimate[i]
+        return cost_curve(estimate / estimate[0])
+
+
 class DraftSizer:
     """Per-request choice of how many drafted tokens to verify.
 
@@ -60,15 +112,17 @@ class DraftSizer:
     drafts keep teaching the estimate while few or none of their tokens are verified.
 
     Args:
-        costs: a cost curve (cost_curve; verify_costs(model)).
+        costs: a cost curve (cost_curve; verify_costs(model)), or a StepCosts that the loop
+            teaches with each step's time (`timed`; then `costs` follows it).
         max_ngram: the drafter's longest anchor.
         fade: factor applied to old counts at each update.
     """
 
     PRIOR_WEIGHT = 2.0  # pseudo-counts of the overall rate in each match length's estimate
 
-    def __init__(self, costs: np.ndarray, max_ngram: int, *, fade: float = 0.9):
-        self.costs = costs
+    def __init__(self, costs, max_ngram: int, *, fade: float = 0.9):
+        self.step_costs = costs if isinstance(costs, StepCosts) else None
+        self.costs = costs.relative() if self.step_costs is not None else costs  # (65,) relative verify costs
         self.kept = np.zeros(max_ngram + 1)  # per anchor length: faded count of kept tokens
         self.failed = np.zeros(max_ngram + 1)  # and of failures
         self.overall = np.ones(2)  # faded (kept, failed) over all lengths, prior 1 each: 0.5 at first
@@ -86,6 +140,12 @@ class DraftSizer:
         n = np.arange(min(available, self.costs.shape[0] - 2) + 1)
         expected = (1 - a ** (n + 1)) / (1 - a)
         return int(np.argmax(expected / self.costs[n + 1]))
+
+    def timed(self, width: int, seconds: float) -> None:
+        """Learns from a verify step over `width` tokens that took `seconds` (with a StepCosts only)."""
+        if self.step_costs is not None:
+            self.step_costs.observe(width, seconds)
+            self.costs = self.step_costs.relative()
 
     def update(self, match_len: int, kept: int, failed: bool) -> None:
         if not kept and not failed:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from lookahead import verify_costs
-from lookahead.sizing import DraftSizer, cost_curve
+from lookahead.integrations.calibration import step_costs, tree_cost_16
+from lookahead.sizing import DraftSizer, StepCosts, cost_curve
 from tests.models import tiny_model
 
 LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
@@ -78,12 +79,51 @@ def test_tree_nodes_cost_no_more_than_the_chain_would():
     assert DraftSizer(steep, max_ngram=8).tree_nodes(0, 64) == 0
 
 
-def test_calibration_is_monotone_and_cached():
+def test_calibration_is_relative_to_one_token_and_cached():
     model = tiny_model("llama")
     costs = verify_costs(model)
-    assert costs.shape == (65,) and costs[1] == 1.0
-    assert (np.diff(costs[1:]) >= 0).all()
-    assert verify_costs(model) is costs
+    assert costs.shape == (65,) and costs[1] == 1.0 and (costs[1:] > 0).all()
+    assert (verify_costs(model) == costs).all()
+    assert step_costs(model).relative()[1] == 1.0
+    assert tree_cost_16(model) > 0
+
+
+SECONDS = np.array([0.10, 0.10, 0.12, 0.16, 0.24, 0.40, 0.72])  # a calibration: 16 tokens cost 2.4x one
+
+
+def test_step_costs_start_from_the_calibration():
+    assert StepCosts(SECONDS).relative()[[1, 2, 4, 8, 16, 32, 64]] == pytest.approx(SECONDS / 0.10)
+
+
+def test_a_slower_plain_step_makes_unseen_wide_blocks_relatively_cheaper():
+    costs = StepCosts(SECONDS)
+    costs.observe(1, 0.30)  # a long context: the plain step costs 3x the calibrated one
+    relative = costs.relative()
+    # a block of 16 adds the calibration's 0.14 s of compute on top: (0.30 + 0.14) / 0.30
+    assert relative[16] == pytest.approx((0.30 + 0.14) / 0.30)
+    assert relative[16] < SECONDS[4] / SECONDS[0]
+
+
+def test_measured_wide_blocks_are_not_smoothed_and_noise_is_no_cost():
+    costs = StepCosts(SECONDS)
+    for width, seconds in [(1, 0.10), (4, 0.104), (16, 0.09), (32, 0.30)]:
+        costs.observe(width, seconds)
+    relative = costs.relative()
+    assert relative[4] == 1.0  # within NOISE of one token: priced as one token
+    assert relative[16] == pytest.approx(0.9)  # measured cheaper: stays cheaper
+    assert relative[32] == pytest.approx(3.0)
+    costs.observe(32, 0.10)  # averaged, not replaced
+    assert costs.relative()[32] == pytest.approx((0.8 * 0.30 + 0.2 * 0.10) / 0.10)
+
+
+def test_the_sizer_follows_the_step_times_it_is_taught():
+    sizer = DraftSizer(StepCosts(np.array([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])), max_ngram=8)  # every token costs
+    for _ in range(10):
+        sizer.observed(8, list(range(16)), 16, list(range(17)), 0)  # drafts are kept
+    dear = sizer.size(8, 16)
+    for width in (1, 2, 4, 8, 16):
+        sizer.timed(width, 0.1)  # on this machine now, blocks up to 16 cost what one token does
+    assert sizer.size(8, 16) == 15 > dear  # 15 drafted + its own token: the widest block taught cheap
 
 
 @pytest.mark.parametrize("points", [[1, 2, 3], [2, 2, 2, 2, 2, 2, 2], [1, 1, float("nan"), 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, -1]])

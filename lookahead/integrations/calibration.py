@@ -6,41 +6,76 @@ import numpy as np
 import torch
 
 from lookahead.integrations.transformers import drop_cache_tail, new_cache
-from lookahead.sizing import SIZES, cost_curve
+from lookahead.sizing import SIZES, StepCosts, cost_curve
 
-_COSTS: dict[tuple, np.ndarray] = {}
+_TIMES: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
 
 
 def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
     """cost[n] = time of a forward pass over n new tokens / time over 1, for n in 0..64 (cost[0] unused).
 
     Measured once per (model class, shape, device, dtype) after `context` cached tokens;
-    linear between the timed sizes.
+    linear between the timed sizes (lookahead.sizing.cost_curve).
     """
+    seconds = _calibrate(model, context, repeats)["chain"]
+    return cost_curve(seconds / seconds[0])
+
+
+def step_costs(model) -> StepCosts:
+    """A fresh StepCosts for one request, seeded with the model's calibrated step times."""
+    return StepCosts(_calibrate(model, 256, 3)["chain"])
+
+
+def tree_cost_16(model) -> float:
+    """Time of a forward pass over a 16-node tree (explicit 4D mask, as the engine verifies
+    trees) relative to one token: what a tree step really costs, mask path included."""
+    times = _calibrate(model, 256, 3)
+    return float(times["tree16"] / times["chain"][0])
+
+
+def _timed(model, run) -> float:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _calibrate(model, context: int, repeats: int) -> dict:
+    """{"chain": seconds per forward over SIZES new tokens, "tree16": seconds over a 16-node
+    tree with an explicit mask}, after `context` cached tokens; measured once per model shape."""
     config = model.config
-    key = (type(model).__name__, config.get_text_config().hidden_size, config.get_text_config().num_hidden_layers,
-           config.get_text_config().vocab_size, str(model.device), str(model.dtype))
-    if key not in _COSTS:
-        generator = torch.Generator().manual_seed(0)
-        vocab = config.get_text_config().vocab_size
-        prefix = torch.randint(0, vocab, (1, context), generator=generator).to(model.device)
-        times = []
-        with torch.inference_mode():
-            cache = new_cache(model)
-            model(input_ids=prefix, cache=cache, use_cache=True)
-            for size in SIZES:
-                block = torch.randint(0, vocab, (1, size), generator=generator).to(model.device)
-                samples = []
-                for _ in range(repeats + 1):  # the first run of a shape warms it up
-                    if model.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    model(input_ids=block, cache=cache, use_cache=True)
-                    if model.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    samples.append(time.perf_counter() - start)
-                    drop_cache_tail(cache, size)
-                times.append(float(np.median(samples[1:])))
-        measured = np.asarray(times) / times[0]
-        _COSTS[key] = cost_curve(np.maximum.accumulate(measured))
-    return _COSTS[key]
+    text = config.get_text_config()
+    key = (type(model).__name__, text.hidden_size, text.num_hidden_layers, text.vocab_size, str(model.device), str(model.dtype))
+    if key in _TIMES:
+        return _TIMES[key]
+    generator = torch.Generator().manual_seed(0)
+    vocab = text.vocab_size
+    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(model.device)
+    chain = []
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(input_ids=prefix, cache=cache, use_cache=True)
+
+        def median_time(size, **inputs):
+            block = torch.randint(0, vocab, (1, size), generator=generator).to(model.device)
+            samples = []
+            for _ in range(repeats + 1):  # the first run of a shape warms it up
+                samples.append(_timed(model, lambda: model(input_ids=block, cache=cache, use_cache=True, **inputs)))
+                drop_cache_tail(cache, size)
+            return float(np.median(samples[1:]))
+
+        for size in SIZES:
+            chain.append(median_time(size))
+        # a 16-node tree: two branches of 8 under the last cached token
+        dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+        visible = torch.ones(16, 16, dtype=torch.bool).tril_()
+        visible[8:, :8] = False
+        mask = torch.zeros((1, 1, 16, context + 16), dtype=dtype, device=model.device)
+        mask[0, 0, :, context:].masked_fill_(~visible.to(model.device), torch.finfo(dtype).min)
+        positions = torch.tensor([[context + (i % 8) for i in range(16)]], device=model.device)
+        tree16 = median_time(16, attention_mask=mask, position_ids=positions)
+    _TIMES[key] = {"chain": np.asarray(chain), "tree16": tree16}
+    return _TIMES[key]

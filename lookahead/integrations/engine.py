@@ -16,6 +16,7 @@ is sampling from the model.
 """
 
 import functools
+import time
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from lookahead.draft import Draft
 from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
-from lookahead.integrations.calibration import verify_costs
+from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.integrations.transformers import (
     drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep,
 )
@@ -34,10 +35,10 @@ from lookahead.sizing import DraftSizer, plan_step
 
 # Families whose attention applies a custom 4D mask and whose cache layers can be gathered.
 TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3"}  # each tested for exact tree verification
-# tree=None drafts trees where 16 tokens verify for at most this many times one token. Modelled
-# on the dev traces, sized trees beat sized chains by 3-6% under a bf16 CPU curve (16 tokens
-# at 1.24x one) and by 13-23% where verification is free, and tie under an fp32 CPU curve
-# (2.35x), where the explicit tree mask then costs wall-clock time.
+# tree=None drafts trees where a 16-node tree, verified with its explicit mask, costs at most
+# this many times one token (calibration.tree_cost_16: the mask path measured, not the chain's).
+# Modelled on the dev traces, sized trees beat sized chains by 3-6% where 16 tokens cost 1.24x
+# one and by 13-23% where verification is free, and tie where 16 tokens cost 2.35x.
 TREE_MAX_COST_16 = 1.5
 
 
@@ -122,10 +123,8 @@ def generate(
     # EOS and length are checked per token below; other criteria (stop strings, user ones) run as given.
     criteria = [c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     _check(model, input_ids, config, kwargs)
-    cost_aware = drafter.cost_aware
-    costs = verify_costs(model) if cost_aware or tree is None else None
     if tree is None:
-        use_tree = _tree_supported(model) and costs[16] <= TREE_MAX_COST_16
+        use_tree = _tree_supported(model) and tree_cost_16(model) <= TREE_MAX_COST_16
     else:
         use_tree = tree
     if use_tree and not _tree_supported(model):
@@ -147,7 +146,8 @@ def generate(
     if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     drafter.reset(sequence)
-    sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
+    # Sized by what steps of this request cost: seeded by the calibration, then the loop's own times.
+    sizer = DraftSizer(step_costs(model), drafter.max_ngram) if drafter.cost_aware else None
     logits_to_keep = supports_logits_to_keep(model)
     cache = new_cache(model)
     with torch.inference_mode():
@@ -157,7 +157,10 @@ def generate(
             # over the whole prompt (a slower attention path), so it verifies a chain.
             tree_step = use_tree and len(sequence) > prompt_len
             chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
+            start = time.perf_counter()
             kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep)
+            if sizer is not None and len(sequence) > prompt_len and not tree_step:
+                sizer.timed(1 + len(draft), time.perf_counter() - start)  # a chain step (the choice synced the device)
             if sizer is not None and len(chain):
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
             drafter.stats.record(len(draft), len(kept))

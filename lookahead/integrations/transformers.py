@@ -26,6 +26,7 @@ generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwar
 """
 
 import sys
+import time
 import weakref
 from types import SimpleNamespace
 
@@ -64,6 +65,7 @@ class TransformersAssistant:
         self.indexed = 0  # tokens of the current request the drafter has seen
         self.sizer: DraftSizer | None = None  # the request's sizer when cost_aware
         self.sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
+        self.step_started = None  # (perf_counter, block width) of the last step, timed when it follows the prefill
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -102,9 +104,9 @@ class TransformersAssistant:
         model = self.target_model() if self.target_model is not None else None
         if not self.drafter.cost_aware or model is None:
             return None
-        from lookahead.integrations.calibration import verify_costs
+        from lookahead.integrations.calibration import step_costs
 
-        return DraftSizer(verify_costs(model), self.drafter.max_ngram)
+        return DraftSizer(step_costs(model), self.drafter.max_ngram)
 
     # -- the call the candidate generator makes each step ----------------------------------
 
@@ -126,6 +128,9 @@ class TransformersAssistant:
             drafter.stats.record_accepted(min(verified.shape[0] - 1, drafter.stats.drafted_per_step[-1]))
             drafter.extend(verified)
             if self.sizer is not None:
+                if self.step_started is not None:  # the loop's own time for a verify step of that width
+                    started, width = self.step_started
+                    self.sizer.timed(width, time.perf_counter() - started)
                 if self.sized is not None:  # what the last step drafted, against what the model wrote
                     chain, offered, position = self.sized
                     self.sizer.observed(chain.match_len, chain.token_ids.tolist(), offered, verified.tolist(), position)
@@ -141,6 +146,9 @@ class TransformersAssistant:
             # slicing); the last token is a free guess: a wrong one costs one verified position.
             token_ids = np.asarray([int(input_ids[0, -1])], dtype=np.int64)
         drafter.stats.record(token_ids.shape[0])
+        # Timed from here to the next call: the target's verify forward and the loop around it;
+        # the first step of a request also prefills the prompt, so it is not timed.
+        self.step_started = (time.perf_counter(), token_ids.shape[0] + 1) if not new_request else None
 
         device = input_ids.device
         candidates = torch.tensor(token_ids.tolist(), dtype=input_ids.dtype, device=device)[None, :]
