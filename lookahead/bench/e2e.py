@@ -1,15 +1,21 @@
 """`lookahead bench`: real generate() calls, side by side in one run, outputs compared token for token.
 
-Methods: plain greedy, transformers' prompt lookup (k=10 and k=16, ngram 3) and ours.
-Default model: random weights with a small LLM's shape, its greedy choice forced to the
-workload's reference (see workloads.FollowReference). `--model` runs a real model instead.
-`--overhead` measures per-step drafting cost and index memory against context length.
+Methods (`methods`): plain greedy, transformers' prompt lookup (k=16, ngram 3), ours through
+`assistant_model=LookupDrafter()` and through `lookahead.generate`, defaults; `--variants`
+adds more. Each takes its turn on every request (`time_methods`, the one timing loop), one
+drafter per method serving all of a workload's requests. Default model: random weights with
+a 0.5B shape, its greedy choice forced to the workload's reference (workloads.FollowReference):
+the built-in workloads, or `--traces` (recorded outputs, at the traces' real vocabulary).
+`--model` runs a real model instead. `--overhead` measures per-step drafting cost and index
+memory against context length; `--documents`, drafting from a document library.
 """
 
 import json
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,15 +33,24 @@ DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=
 QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
+TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
 
 
 def add_bench_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="hub name or local folder of a causal LM (default: random weights, forced)")
     parser.add_argument("--prompts", type=Path, default=None, help="JSON lines with a 'prompt' text each (with --model)")
-    parser.add_argument("--traces", type=Path, default=None, help="recorded traces (prompt/generated token ids) instead of built-in workloads")
-    parser.add_argument("--requests", type=int, default=3, help="requests per workload")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--traces", type=Path, nargs="+", default=None,
+                        help="recorded trace files (prompt/generated token ids, see lookahead/bench/replay.py) instead of built-in workloads")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help=f"vocabulary of the forced model with --traces (default {TRACE_VOCAB_SIZE}, Llama-3's); every trace id must be below it")
+    parser.add_argument("--requests", type=int, default=3, help="requests per workload: the first N of each trace file")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per request (a trace's recorded output is cut there)")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, bfloat16, auto (bfloat16 on CUDA, float32 on CPU) or a comma list, e.g. float32,bfloat16: "
+                             "one model per dtype, each timed (default: float32,bfloat16 with --traces, else auto)")
+    parser.add_argument("--repeats", type=int, default=1, help="run everything N times; report the median and min-max of the ratios")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time prompt lookup k=10, our chain-only and tree-only engine, and our unsized drafts")
     parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
     parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
     parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
@@ -65,62 +80,143 @@ def run_bench(args) -> int:
         args.requests, args.max_new_tokens = 1, 128
     if args.requests < 1 or args.max_new_tokens < 1:
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
-    model, tasks = load_model_and_tasks(args)
-    rows = []
-    for workload, requests in tasks.items():
-        rows += bench_workload(model, workload, requests, args.max_new_tokens)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtypes = parse_dtypes(args.dtype, device=device, traces=bool(args.traces))
+    tasks, vocab = load_tasks(args)
+    label = "file" if args.traces else "workload"
+    rows, described = [], None
+    for dtype in dtypes:
+        model = build_model(args, dtype, device, vocab)
+        described = described or _describe(model, args)
+        rows += bench_model(model, tasks, methods(variants=args.variants), repeats=args.repeats, label=label)
+        del model
     if args.json:
-        print(json.dumps({"device": str(model.device), "dtype": str(model.dtype), "results": rows}))
+        print(json.dumps({"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                          "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}))
     else:
-        print(f"model: {getattr(model.config, '_name_or_path', '') or 'random ' + type(model).__name__}, {model.dtype}, {model.device}")
+        print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
+        print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
+              f"speedup: over greedy, vs PLD: over {PLD}, both from the same run"
+              + (f" (median, min-max of {args.repeats} runs)" if args.repeats > 1 else "")
+              + "; tau: generated tokens / forward passes of the target; exact: output equal to "
+              + ("plain greedy's" if args.model else "the reference"))
+        spread = lambda r, key: f"{r[key]:.2f}x" + (f" ({r[key + '_min']:.2f}-{r[key + '_max']:.2f})" if args.repeats > 1 else "")  # noqa: E731
         print(format_table(
-            ["workload", "method", "tokens/s", "speedup", "tau", "exact"],
-            [[r["workload"], r["method"], f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['tau']:.2f}", "yes" if r["exact"] else "NO"] for r in rows],
+            [label, "dtype", "method", "tokens/s", "speedup", "vs PLD k=16", "tau", "exact"],
+            [[r[label], r["dtype"], r["method"], f"{r['tokens_per_s']:.1f}", spread(r, "speedup"), spread(r, "vs_pld"), f"{r['tau']:.2f}",
+              "yes" if r["exact"] else "NO"] for r in rows],
         ))
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, label=label)
     return 0 if all(r["exact"] for r in rows) else 1
 
 
-def _dtype(name: str, device: str) -> torch.dtype:
-    if name == "auto":
-        # Measured on this project's CPU (AVX-512 without bf16 units): fp32 verifies 16
-        # tokens for 2.5x one token's cost, bf16 for 4.4x. GPUs are the other way round.
-        return torch.bfloat16 if device == "cuda" else torch.float32
-    return getattr(torch, name)
+@dataclass(frozen=True)
+class Task:
+    """One request: the prompt and, for the forced model, the output it is made to write."""
+
+    prompt: list[int]
+    reference: list[int] | None  # None: a real model writes what it writes
+    eos_token_id: int | None  # None: the model's own
+    max_new_tokens: int  # len(reference) when forced
 
 
-def load_model_and_tasks(args):
-    """The model and, per workload, a list of (prompt ids, forced reference ids or None)."""
-    import transformers
+def parse_dtypes(spec: str | None, *, device: str, traces: bool) -> list[torch.dtype]:
+    """--dtype: float32, bfloat16, auto, or a comma list of them; duplicates dropped, order kept."""
+    if spec is None:
+        spec = "float32,bfloat16" if traces else "auto"
+    dtypes = []
+    for name in (s.strip() for s in spec.split(",")):
+        if name == "auto":
+            # Measured on this project's CPU (AVX-512 without bf16 units): fp32 verifies 16
+            # tokens for 2.5x one token's cost, bf16 for 4.4x. GPUs are the other way round.
+            name = "bfloat16" if device == "cuda" else "float32"
+        if name not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype takes float32, bfloat16, auto or a comma list of them, got {spec!r}")
+        if getattr(torch, name) not in dtypes:
+            dtypes.append(getattr(torch, name))
+    return dtypes
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = _dtype(args.dtype, device)
+
+def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
+    """Per workload (or trace file), its requests; and the forced model's vocabulary (None with --model)."""
     if args.model:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        import transformers
+
         if args.traces:
-            return model, {args.traces.name: _trace_tasks(args.traces, args.requests, args.max_new_tokens, forced=False)}
+            return {name: [Task(r.prompt.tolist(), None, None, args.max_new_tokens) for r in requests]
+                    for name, requests in _read_traces(args.traces, args.requests, None).items()}, None
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
         if args.prompts:
-            texts = {args.prompts.name: [(_read_prompt(args.prompts, i, line), None) for i, line in enumerate(args.prompts.read_text().splitlines(), 1) if line.strip()][: args.requests]}
+            texts = {args.prompts.name: [_read_prompt(args.prompts, i, line) for i, line in enumerate(args.prompts.read_text().splitlines(), 1) if line.strip()][: args.requests]}
         else:
-            texts = {name: [(p, None) for p, _ in pairs] for name, pairs in wl.make_workloads(requests=args.requests).items()}
-        return model, {name: [(_chat_ids(tokenizer, p), None) for p, _ in pairs] for name, pairs in texts.items()}
+            texts = {name: [p for p, _ in pairs] for name, pairs in wl.make_workloads(requests=args.requests).items()}
+        return {name: [Task(_chat_ids(tokenizer, p), None, None, args.max_new_tokens) for p in prompts] for name, prompts in texts.items()}, None
     if args.prompts:
         raise ValueError("--prompts needs --model: the forced default model writes the built-in references")
     if args.traces:
-        tasks = {args.traces.name: _trace_tasks(args.traces, args.requests, args.max_new_tokens, forced=True)}
-        vocab = 1 + max(max(max(p), max(r)) for reqs in tasks.values() for p, r in reqs)
-    else:
-        bpe = wl.tokenizer()
-        pairs = wl.make_workloads(requests=args.requests)
-        tasks = {name: [(r.prompt, r.reference) for r in wl.encode(bpe, p, args.max_new_tokens)] for name, p in pairs.items()}
-        vocab = wl.VOCAB_SIZE
+        vocab = TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+        if vocab < 2:
+            raise ValueError(f"--vocab-size must be >= 2, got {vocab}")
+        return {name: [_forced_trace_task(r, args.max_new_tokens) for r in requests]
+                for name, requests in _read_traces(args.traces, args.requests, vocab).items()}, vocab
+    if args.vocab_size is not None:
+        raise ValueError("--vocab-size is for --traces: the built-in workloads use their own tokenizer's")
+    bpe = wl.tokenizer()
+    pairs = wl.make_workloads(requests=args.requests)
+    eos = bpe.token_to_id(wl.EOS)
+    return {name: [Task(r.prompt, r.reference, eos, len(r.reference)) for r in wl.encode(bpe, p, args.max_new_tokens)] for name, p in pairs.items()}, wl.VOCAB_SIZE
+
+
+def _read_traces(paths: list[Path], requests: int, vocab: int | None) -> dict:
+    """The first `requests` requests of each file, by file name (the path where names repeat)."""
+    from lookahead.bench.replay import load_trace
+
+    names = [p.name for p in paths]
+    out = {}
+    for path in paths:
+        name = path.name if names.count(path.name) == 1 else str(path)
+        loaded = load_trace(path)
+        if vocab is not None:
+            for i, r in enumerate(loaded, 1):
+                top = max(int(r.prompt.max(initial=0)), int(r.output.max(initial=0)))
+                if top >= vocab:
+                    raise ValueError(f"{path}: request {i} holds token id {top}, not below --vocab-size {vocab}")
+        out[name] = loaded[:requests]
+    return out
+
+
+def _forced_trace_task(request, max_new_tokens: int) -> Task:
+    """The recorded output cut to max_new_tokens; EOS is the recorded output's last token (the
+    model's end-of-turn where it finished), so the forced model stops there as the real one
+    did, or at the cut, never earlier."""
+    output = request.output.tolist()
+    eos = output[-1] if output else None
+    reference = output[:max_new_tokens]
+    if eos in reference:
+        reference = reference[: reference.index(eos) + 1]
+    return Task(request.prompt.tolist(), reference, eos, len(reference))
+
+
+def build_model(args, dtype: torch.dtype, device: str, vocab: int | None):
+    """The model timed: --model's, or random weights with DEFAULT_SHAPE (QUICK_SHAPE with --quick) at `vocab`."""
+    import transformers
+
+    if args.model:
+        return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
     torch.manual_seed(0)
     shape = QUICK_SHAPE if args.quick else DEFAULT_SHAPE
     config = transformers.Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **shape)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
-    return model, tasks
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+
+
+def _describe(model, args) -> str:
+    if args.model:
+        return args.model
+    params = sum(p.numel() for p in model.parameters())
+    return f"random {type(model).__name__} ({params / 1e6:.0f}M parameters, vocab {model.config.vocab_size}), forced to the references"
 
 
 def _read_prompt(path: Path, line_no: int, line: str) -> str:
@@ -139,68 +235,123 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt)["input_ids"]
 
 
-def _trace_tasks(path: Path, requests: int, max_new_tokens: int, forced: bool):
-    from lookahead.bench.replay import load_trace
-
-    return [
-        (r.prompt.tolist(), r.output[:max_new_tokens].tolist() if forced else None)
-        for r in load_trace(path)[:requests]
-    ]
+PLD = "hf prompt lookup k=16"
 
 
-def methods():
-    """(name, generate() options) of every method compared; built fresh per request."""
-    return [
+def methods(*, variants: bool = False) -> list[tuple[str, Callable[[], dict]]]:
+    """(name, make) of every method timed: make() gives the generate() options for one
+    workload's requests, called once per workload so one drafter serves all its requests
+    (cross-request memory works as it does for a user), fresh per workload."""
+    pld = lambda k: lambda: dict(prompt_lookup_num_tokens=k, max_matching_ngram_size=3)  # noqa: E731
+    engine = lambda **options: dict(custom_generate=lookahead.generate, **options)  # noqa: E731
+    core = [
         ("greedy", lambda: {}),
-        ("hf prompt lookup k=10", lambda: dict(prompt_lookup_num_tokens=10, max_matching_ngram_size=3)),
-        ("hf prompt lookup k=16", lambda: dict(prompt_lookup_num_tokens=16, max_matching_ngram_size=3)),
-        ("lookahead (transformers loop)", lambda: dict(assistant_model=LookupDrafter())),
-        ("lookahead engine, chain", lambda: dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), tree=False)),
-        ("lookahead engine, tree", lambda: dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), tree=True)),
+        (PLD, pld(16)),
+        ("lookahead assistant_model", lambda: dict(assistant_model=LookupDrafter())),
+        ("lookahead.generate", lambda: engine(assistant=LookupDrafter())),
+    ]
+    if not variants:
+        return core
+    unsized = lambda **options: LookupDrafter(cost_aware=False, **options)  # noqa: E731
+    return core + [
+        ("hf prompt lookup k=10", pld(10)),
+        ("lookahead.generate chain", lambda: engine(assistant=LookupDrafter(), tree=False)),
+        ("lookahead.generate tree", lambda: engine(assistant=LookupDrafter(), tree=True)),
+        ("lookahead assistant_model unsized k=16", lambda: dict(assistant_model=unsized(num_draft_tokens=16))),
+        ("lookahead.generate chain unsized k=16", lambda: engine(assistant=unsized(num_draft_tokens=16), tree=False)),
+        ("lookahead.generate tree unsized 32 nodes", lambda: engine(assistant=unsized(), tree=True, max_tree_nodes=32)),
     ]
 
 
-def bench_workload(model, workload: str, requests, max_new_tokens: int) -> list[dict]:
-    lookahead.verify_costs(model)  # the engine's one-time calibration, kept out of the timings and forward counts
+def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 1, label: str = "workload") -> list[dict]:
+    """Times every method on every workload's requests, `repeats` times; one row per (workload, method).
+
+    Before timing: the engine's one-time cost calibration (lookahead.verify_costs) and one
+    short untimed call per method (kernels compiled or loaded, torch paths warmed), kept out
+    of the timings and the forward counts.
+    """
+    dtype = str(model.dtype).removeprefix("torch.")
+    lookahead.verify_costs(model)
+    first = next(t for requests in tasks.values() for t in requests)
+    warm = Task(first.prompt[-64:], first.reference[:8] if first.reference is not None else None, first.eos_token_id, 8)
+    for _, make in methods:
+        _generate(model, warm, make())
+    runs = {name: [] for name in tasks}  # per workload, per repeat: {method: totals}
+    total = repeats * sum(len(requests) for requests in tasks.values())
+    with tqdm(total=total, file=sys.stderr, leave=False, unit="request") as bar:
+        for repeat in range(repeats):
+            for name, requests in tasks.items():
+                bar.set_description(f"{dtype} {name}" + (f" run {repeat + 1}/{repeats}" if repeats > 1 else ""))
+                runs[name].append(time_methods(model, requests, methods, on_request=bar.update))
+    rows = []
+    for name, per_run in runs.items():
+        for method, _ in methods:
+            rows.append({label: name, "dtype": dtype, "method": method, **_summary(per_run, method)})
+    return rows
+
+
+def time_methods(model, requests: list[Task], methods, *, on_request=None) -> dict[str, dict]:
+    """One run over `requests`: per method, summed seconds, tokens, forward passes and whether
+    every output was exact. Methods take turns on each request, so load hits all alike."""
+    options = {name: make() for name, make in methods}  # one drafter per method for all the requests
+    totals = {name: dict(seconds=0.0, tokens=0, forwards=0, exact=True) for name, _ in methods}
     forward_calls = [0]
     hook = model.register_forward_pre_hook(lambda *_: forward_calls.__setitem__(0, forward_calls[0] + 1))
-    from transformers import LogitsProcessorList
-
-    totals = {name: dict(seconds=0.0, tokens=0, forwards=0, exact=True) for name, _ in methods()}
     try:
-        for prompt, reference in tqdm(requests, desc=workload, file=sys.stderr, leave=False):
-            input_ids = torch.tensor([prompt], device=model.device)
-            budget = len(reference) if reference is not None else max_new_tokens
-            expected = None
-            for name, options in methods():
-                kwargs = dict(max_new_tokens=budget, do_sample=False, **options())
-                if reference is not None:
-                    kwargs["logits_processor"] = LogitsProcessorList([wl.FollowReference(len(prompt), reference)])
-                    kwargs["eos_token_id"] = reference[-1]
-                kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
+        for task in requests:
+            expected = None if task.reference is None else task.prompt + task.reference
+            for name, _ in methods:
                 forward_calls[0] = 0
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                with torch.inference_mode():
-                    out = model.generate(input_ids, **kwargs)
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize()
+                out, seconds = _generate(model, task, options[name])
+                expected = out if expected is None else expected  # no reference: the first method's (greedy) output
                 t = totals[name]
-                t["seconds"] += time.perf_counter() - start
-                t["tokens"] += out.shape[1] - input_ids.shape[1]
+                t["seconds"] += seconds
+                t["tokens"] += len(out) - len(task.prompt)
                 t["forwards"] += forward_calls[0]
-                expected = out if expected is None else expected
-                t["exact"] &= out.tolist() == expected.tolist()
+                t["exact"] &= out == expected
+            if on_request is not None:
+                on_request(1)
     finally:
         hook.remove()
-    base = totals["greedy"]["tokens"] / totals["greedy"]["seconds"]
-    rows = []
-    for name, t in totals.items():
-        speed = t["tokens"] / t["seconds"]
-        rows.append(dict(workload=workload, method=name, tokens_per_s=round(speed, 2), speedup=round(speed / base, 3),
-                         tau=round(t["tokens"] / t["forwards"], 3), exact=t["exact"], tokens=t["tokens"]))
-    return rows
+    return totals
+
+
+def _generate(model, task: Task, options: dict) -> tuple[list[int], float]:
+    """One generate() call, timed whole (prefill included); the output ids and its seconds."""
+    from transformers import LogitsProcessorList
+
+    input_ids = torch.tensor([task.prompt], device=model.device)
+    kwargs = dict(max_new_tokens=task.max_new_tokens, do_sample=False, **options)
+    if task.reference is not None:
+        kwargs["logits_processor"] = LogitsProcessorList([wl.FollowReference(len(task.prompt), task.reference)])
+    if task.eos_token_id is not None:
+        kwargs["eos_token_id"] = task.eos_token_id
+    kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids, **kwargs)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return out[0].tolist(), time.perf_counter() - start
+
+
+def _summary(per_run: list[dict[str, dict]], method: str) -> dict:
+    """A method's row over the runs: medians (and min, max when several) of its ratios to
+    greedy and to PLD k=16, each ratio taken within one run."""
+    speed = lambda totals, name: totals[name]["tokens"] / totals[name]["seconds"]  # noqa: E731
+    tokens_per_s = [speed(t, method) for t in per_run]
+    ratios = {"speedup": [speed(t, method) / speed(t, "greedy") for t in per_run],
+              "vs_pld": [speed(t, method) / speed(t, PLD) for t in per_run]}
+    tau = [t[method]["tokens"] / t[method]["forwards"] for t in per_run]
+    row = dict(tokens_per_s=round(float(np.median(tokens_per_s)), 2), speedup=round(float(np.median(ratios["speedup"])), 3),
+               vs_pld=round(float(np.median(ratios["vs_pld"])), 3), tau=round(float(np.median(tau)), 3),
+               exact=all(t[method]["exact"] for t in per_run), tokens=per_run[0][method]["tokens"])
+    if len(per_run) > 1:
+        for key, values in ratios.items():
+            row[f"{key}_min"], row[f"{key}_max"] = round(min(values), 3), round(max(values), 3)
+    return row
 
 
 def measure_overhead(*, quick: bool = False) -> list[dict]:
@@ -273,7 +424,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, *, label: str = "workload") -> None:
     try:
         import matplotlib
 
@@ -281,12 +432,13 @@ def plot(rows: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
-    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    group = lambda r: f"{r[label]} {r['dtype']}"  # noqa: E731
+    workloads = list(dict.fromkeys(group(r) for r in rows))
     names = list(dict.fromkeys(r["method"] for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        values = [next(r["speedup"] for r in rows if r["workload"] == w and r["method"] == name) for w in workloads]
+        values = [next(r["speedup"] for r in rows if group(r) == w and r["method"] == name) for w in workloads]
         ax.bar(np.arange(len(workloads)) + i * width, values, width, label=name)
     ax.set_xticks(np.arange(len(workloads)) + width * (len(names) - 1) / 2, workloads)
     ax.axhline(1.0, color="gray", lw=0.8)

@@ -1,0 +1,143 @@
+"""`lookahead bench`: the timing pipeline on trace files, at a tiny shape (correctness only, nothing timed)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from lookahead.bench import e2e
+from lookahead.bench.cli import main
+
+TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+VOCAB = 50
+CORE = ["greedy", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate"]
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(e2e, "DEFAULT_SHAPE", TINY_SHAPE)
+
+
+def write_traces(tmp_path, name="a.jsonl", requests=3, seed=0, end=49):
+    """Requests whose outputs copy their prompts in part (drafts get accepted), each ending with `end`."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(requests):
+        prompt = rng.integers(0, 40, 60).tolist()
+        output = prompt[10:40] + rng.integers(0, 40, 10).tolist() + prompt[5:25] + [end]
+        rows.append({"id": "x", "prompt_token_ids": prompt, "generated_token_ids": output})
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def run_json(capsys, *argv):
+    code = main(["bench", *argv, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path, capsys):
+    a, b = write_traces(tmp_path, "a.jsonl"), write_traces(tmp_path, "b.jsonl", requests=2, seed=1)
+    code, out, _ = run_json(capsys, "--traces", str(a), str(b), "--vocab-size", str(VOCAB), "--requests", "2", "--max-new-tokens", "40")
+    assert code == 0
+    assert out["dtypes"] == ["float32", "bfloat16"]  # the default with --traces
+    rows = out["results"]
+    assert [(r["file"], r["dtype"], r["method"]) for r in rows] == [
+        (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE
+    ]
+    for r in rows:
+        assert set(r) == {"file", "dtype", "method", "tokens_per_s", "speedup", "vs_pld", "tau", "exact", "tokens"}
+        assert r["exact"], r
+        assert r["tokens"] == 2 * 40  # two requests, each cut at 40 tokens (its EOS lies beyond)
+        assert r["tokens_per_s"] > 0
+    by = {(r["file"], r["dtype"], r["method"]): r for r in rows}
+    for f in ("a.jsonl", "b.jsonl"):
+        for d in ("float32", "bfloat16"):
+            assert by[f, d, "greedy"]["speedup"] == 1.0
+            assert by[f, d, "hf prompt lookup k=16"]["vs_pld"] == 1.0
+            assert by[f, d, "greedy"]["tau"] == 1.0  # one token per forward pass, prefill included
+            assert by[f, d, "hf prompt lookup k=16"]["tau"] > 1.5  # counted the same way: the outputs copy 20-30 tokens
+            # (ours are sized by this process's timing calibration, noisy on a loaded machine: not asserted)
+
+
+def test_traces_eos_is_the_recorded_end_and_cut_references_run_to_the_cut(tiny, tmp_path, capsys):
+    # 45 closes each output and occurs nowhere before, so the whole output runs when it fits.
+    path = write_traces(tmp_path, end=45)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "1000")
+    assert code == 0
+    assert {r["tokens"] for r in out["results"]} == {3 * 61}
+
+
+def test_forced_trace_task_stops_at_the_first_recorded_eos():
+    from lookahead.bench.replay import Request
+
+    request = Request(np.array([1, 2]), np.array([5, 9, 6, 9]), None)
+    task = e2e._forced_trace_task(request, max_new_tokens=10)
+    assert (task.reference, task.eos_token_id, task.max_new_tokens) == ([5, 9], 9, 2)
+    assert e2e._forced_trace_task(request, max_new_tokens=1).reference == [5]
+
+
+def test_repeats_report_median_and_spread_and_variants_run(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=1)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "bfloat16", "--max-new-tokens", "24",
+                            "--repeats", "2", "--variants")
+    assert code == 0
+    rows = out["results"]
+    assert len(rows) == len(e2e.methods(variants=True)) > len(CORE)
+    for r in rows:
+        assert r["exact"], r
+        assert r["speedup_min"] <= r["speedup"] <= r["speedup_max"]
+        assert r["vs_pld_min"] <= r["vs_pld"] <= r["vs_pld_max"]
+
+
+def test_one_drafter_per_method_serves_all_of_a_files_requests(tiny, tmp_path, monkeypatch):
+    from lookahead import LookupDrafter
+
+    made = []
+    real = e2e.methods
+
+    def counting(**kwargs):
+        return [(name, (lambda name, make: lambda: made.append(name) or make())(name, make)) for name, make in real(**kwargs)]
+
+    monkeypatch.setattr(e2e, "methods", counting)
+    resets = []
+    monkeypatch.setattr(LookupDrafter, "reset", (lambda reset: lambda self, *a, **k: resets.append(id(self)) or reset(self, *a, **k))(LookupDrafter.reset))
+    path = write_traces(tmp_path, requests=3)
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "20", "--json"]) == 0
+    timed = made[len(CORE):]  # after one warm-up call per method
+    assert timed == CORE  # built once for the file's three requests
+    ours = resets[-6:]  # the timed requests' resets: two drafters, three requests each
+    assert len(set(ours)) == 2 and all(ours.count(i) == 3 for i in set(ours))
+
+
+def test_table_output_names_the_caption_and_every_method(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=1)
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill included" in out and "vs PLD k=16" in out
+    assert all(m in out for m in CORE)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--vocab-size", "40"], "t.jsonl: request 1 holds token id"),
+        (["--requests", "0"], "--requests"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--repeats", "0"], "--repeats"),
+        (["--dtype", "float16"], "--dtype takes float32, bfloat16, auto"),
+        (["--dtype", "float32,fp8"], "--dtype takes"),
+        (["--vocab-size", "1"], "--vocab-size must be >= 2"),
+    ],
+)
+def test_bad_bench_input_is_refused_in_one_line(tmp_path, capsys, argv, message):
+    path = write_traces(tmp_path, "t.jsonl")
+    assert main(["bench", "--traces", str(path), *(["--vocab-size", str(VOCAB)] if "--vocab-size" not in argv else []), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_vocab_size_is_refused_without_traces(capsys):
+    assert main(["bench", "--vocab-size", "100"]) == 2
+    assert "--vocab-size is for --traces" in capsys.readouterr().err
