@@ -133,6 +133,45 @@ def test_stop_strings_through_custom_generate_with_the_tokenizer_bound():
         model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(), tokenizer=tokenizer, **options)
 
 
+def long_stop_string(model, tokenizer, prompt, start, tokens):
+    """The text of `tokens` plain greedy output tokens from `start` on: a stop string spanning that many."""
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=start + tokens + 20, do_sample=False)[0, len(prompt) :].tolist()
+    return tokenizer.decode(plain_ids[start : start + tokens])
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_stop_string_spanning_40_tokens_on_both_entry_points(tree):
+    # A regression: only the last 32 tokens were decoded, so a longer stop string was never found.
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model)
+    stop = long_stop_string(model, tokenizer, prompt, 5, 40)
+    options = dict(max_new_tokens=80, do_sample=False, stop_strings=stop)
+    expected = model.generate(torch.tensor([prompt]), tokenizer=tokenizer, **options)
+    assert expected.shape[1] < len(prompt) + 80  # plain generate stops on it
+    direct = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), tree=tree, tokenizer=tokenizer, **options)
+    bound = functools.partial(lookahead.generate, tokenizer=tokenizer)
+    through = model.generate(torch.tensor([prompt]), custom_generate=bound, assistant=LookupDrafter(), tree=tree, **options)
+    assert direct.tolist() == expected.tolist()
+    assert through.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stop_strings_of_random_lengths_match_plain_generate(seed):
+    # Randomized: stop strings of 1 to 60 tokens from anywhere in the output, one or two of them.
+    rng = np.random.default_rng(seed)
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model, length=int(rng.integers(20, 70)), repeat=int(rng.integers(1, 8)))
+    stops = [long_stop_string(model, tokenizer, prompt, int(rng.integers(0, 30)), int(rng.integers(1, 61)))
+             for _ in range(int(rng.integers(1, 3)))]
+    options = dict(max_new_tokens=90, do_sample=False, stop_strings=stops)
+    expected = model.generate(torch.tensor([prompt]), tokenizer=tokenizer, **options)
+    drafter = LookupDrafter(draft_factor=16, cost_aware=bool(seed % 2))
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=bool(seed % 3), tokenizer=tokenizer, **options)
+    assert got.tolist() == expected.tolist(), stops
+
+
 def test_streamer_gets_prompt_then_every_new_token():
     model = stories_model()
     prompt = story_prompt(model)

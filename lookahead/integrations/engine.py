@@ -20,7 +20,7 @@ import functools
 import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from lookahead.draft import Draft
@@ -81,7 +81,8 @@ def generate(
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
-        stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
+        stop_strings: stop at the token that completes one, as plain generate does
+            (transformers' StopStringCriteria, checked after every token, even mid-block); needs tokenizer.
         **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
             temperature, top_k, top_p, repetition_penalty, logits processors,
             return_dict_in_generate, attention_mask, ...).
@@ -141,6 +142,7 @@ def generate(
             "stop_strings needs tokenizer= to decode the generated tokens. Through model.generate(custom_generate=...) "
             "transformers does not forward tokenizer=; bind it: custom_generate=functools.partial(lookahead.generate, tokenizer=tokenizer)"
         )
+    stop = _StopStrings(tokenizer, stop_strings) if stop_strings else None
     do_sample = bool(config.do_sample)
 
     sequence = input_ids[0].tolist()
@@ -162,7 +164,7 @@ def generate(
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
             drafter.stats.record(len(draft), len(kept))
             new = kept + [choice]
-            stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)
+            stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
             new = new if stop_at is None else new[:stop_at]
             _emit(streamer, new)
             sequence += new
@@ -264,21 +266,39 @@ def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_samp
     return int(scores[0].argmax())
 
 
-def _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer):
+def _stop_index(sequence, new, max_len, eos, criteria, stop):
     """How many of `new` to keep if generation stops among them (None: it goes on)."""
     for i, token in enumerate(new):
         length = len(sequence) + i + 1
         if token in eos or length >= max_len:
             return i + 1
-        if stop_strings:
-            tail = tokenizer.decode((sequence + new[: i + 1])[max(prompt_len, length - 32) :])
-            if any(s in tail for s in stop_strings):
-                return i + 1
+        if stop is not None and stop.completed_by(sequence, new[: i + 1]):
+            return i + 1
         if criteria:
             ids = torch.tensor([sequence + new[: i + 1]])
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None
+
+
+class _StopStrings:
+    """Plain generate's stop-string check (transformers' StopStringCriteria), on the tokens it can read.
+
+    The criterion matches a stop string on its characters, or its UTF-8 bytes for
+    byte-level tokenizers, and reads at most one token per character or byte (it cuts its
+    input to that many itself). Handing it the last `window` tokens, at least that many,
+    makes each check exactly the one plain generate makes after that token, whatever the
+    strings' length, at O(window) per token instead of O(sequence).
+    """
+
+    def __init__(self, tokenizer, stop_strings: list[str]):
+        self.criterion = StopStringCriteria(tokenizer, stop_strings)
+        self.window = max(1, *(len(s.encode("utf-8")) for s in stop_strings))  # >= len(s) in characters
+
+    def completed_by(self, sequence: list[int], new: list[int]) -> bool:
+        """Whether the last token of sequence + new completes a stop string."""
+        tail = (sequence[-self.window :] + new)[-self.window :]
+        return bool(self.criterion(torch.tensor([tail]), None).any())
 
 
 def _emit(streamer, tokens: list[int]) -> None:
