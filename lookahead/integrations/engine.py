@@ -28,7 +28,7 @@ from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import verify_costs
 from lookahead.integrations.transformers import (
-    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep,
+    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
 )
 from lookahead.sizing import DraftSizer, plan_step
 
@@ -141,6 +141,7 @@ def generate(
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     eos = _eos_set(config)
     drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
+    drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
         raise ValueError(
