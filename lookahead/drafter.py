@@ -6,9 +6,9 @@ import numpy as np
 
 from lookahead.documents import DocumentLibrary
 from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
-from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_token_ids
 from lookahead.store import TokenStore
-from lookahead.trie import DraftTrie
+from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
 # Defaults measured with `lookahead replay` on ../shared/traces (README, "Choosing the defaults").
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
@@ -64,6 +64,10 @@ class LookupDrafter:
             prompt. Weighed like memory; preferred to it on ties.
         eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
             from the generation config).
+        vocab_size: the model's vocabulary size, if known up front (the verification loops
+            set it from the model). Drafts stop before any id at or above it, wherever it
+            comes from (documents, a shared memory written for another model), and
+            add_document refuses such ids.
         cost_aware: let the verification loop (transformers' or ours) cut each draft to
             what verifying it pays for on the target (lookahead.sizing: block costs
             calibrated once per model, device and dtype, then learnt from the loop's own
@@ -87,6 +91,7 @@ class LookupDrafter:
         memory: TokenStore | bool = True,
         documents: DocumentLibrary | None = None,
         eos_token_id: int | list[int] | None = None,
+        vocab_size: int | None = None,
         cost_aware: bool = True,
     ):
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
@@ -115,6 +120,7 @@ class LookupDrafter:
         self._trie = DraftTrie()  # rebuilt by every propose
         self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
+        self.vocab_size = vocab_size
         self.stats = DraftStats()
         self._transformers_adapter = None  # built on first use by transformers' loop
 
@@ -129,6 +135,18 @@ class LookupDrafter:
         self._trie.eos = np.fromiter(sorted(ids), dtype=np.int64)
 
     @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size (None: unknown); no draft holds an id at or above it."""
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, size: int | None) -> None:
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"vocab_size must be a positive int or None, got {size!r}")
+        self._vocab_size = size
+        self._trie.vocab_limit = NO_VOCAB_LIMIT if size is None else size
+
+    @property
     def min_ngram(self) -> int:
         return self.index.min_ngram
 
@@ -140,7 +158,9 @@ class LookupDrafter:
         """Makes a reference document available to drafts: token ids, or text with its tokenizer.
 
         Raises:
-            ValueError: neither or both of token_ids and text, or text without a tokenizer.
+            ValueError: neither or both of token_ids and text, text without a tokenizer, or
+                an id at or above vocab_size (where known: set it, or generate once).
+            TypeError: token_ids not a 1-D sequence of ints.
         """
         if (token_ids is None) == (text is None):
             raise ValueError("add_document takes token_ids or text (with tokenizer=), exactly one")
@@ -148,6 +168,11 @@ class LookupDrafter:
             if tokenizer is None:
                 raise ValueError("add_document(text=...) needs tokenizer= to turn the text into token ids")
             token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        token_ids = as_token_ids(token_ids, name="document token ids")
+        if self.vocab_size is not None and token_ids.size and int(token_ids.max()) >= self.vocab_size:
+            bad = int(np.argmax(token_ids >= self.vocab_size))
+            raise ValueError(f"document token id {int(token_ids[bad])} at position {bad} is outside the model's vocabulary "
+                             f"(vocab_size={self.vocab_size}): was the document tokenized for another model?")
         self.documents.add(token_ids)
         if len(self.index):  # mid-request: let the current request see it too
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)

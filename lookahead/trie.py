@@ -25,14 +25,17 @@ from lookahead.index import IndexBuffers, kernels
 from lookahead.index.kernels import EMPTY
 
 _warmed_up = False
+NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
 
 
 @njit(cache=True, inline="always")
-def _add_path(source, start, stop, w, eos, token, parent, weight, child, sibling, count):
-    # Adds source[start:stop], cut before any token in eos, with weight w; returns the new count.
+def _add_path(source, start, stop, w, eos, limit, token, parent, weight, child, sibling, count):
+    # Adds source[start:stop], cut before any token in eos or >= limit, with weight w; returns the new count.
     node = 0
     for pos in range(start, stop):
         t = source[pos]
+        if t >= limit:  # out of the model's vocabulary: the model cannot take it
+            return count
         for e in range(eos.shape[0]):
             if eos[e] == t:
                 return count
@@ -55,7 +58,7 @@ def _add_path(source, start, stop, w, eos, token, parent, weight, child, sibling
 
 
 @njit(cache=True)
-def add_paths(source, starts, weights, num_draft_tokens, eos, token, parent, weight, child, sibling, count):
+def add_paths(source, starts, weights, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count):
     """Adds candidate i = source[starts[i] : starts[i] + num_draft_tokens] with weight weights[i]; returns the new count.
 
     The caller guarantees room: count + starts.shape[0] * num_draft_tokens <= token.shape[0].
@@ -63,13 +66,13 @@ def add_paths(source, starts, weights, num_draft_tokens, eos, token, parent, wei
     """
     for i in range(starts.shape[0]):
         stop = min(starts[i] + num_draft_tokens, source.shape[0])
-        count = _add_path(source, starts[i], stop, weights[i], eos, token, parent, weight, child, sibling, count)
+        count = _add_path(source, starts[i], stop, weights[i], eos, limit, token, parent, weight, child, sibling, count)
     return count
 
 
 @njit(cache=True, inline="always")
 def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, skip_scale,
-                     match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, out):
+                     match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, out):
     # Walks the prev chain (kernels.index_ends) from first_end over at most `walk`
     # occurrences of the query tokens[:query_len], most recent first. One whose last m
     # tokens agree with the query's (min_match <= m <= max_ngram) adds
@@ -88,7 +91,7 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
             start, w = end + shift, scale * match_base**m
             if skip_scale > 0.0 and start < n - 1 and tokens[start] == tokens[n - 1]:
                 start, w = start + 1, skip_scale * match_base**m
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, eos, token, parent, weight, child, sibling, count)
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, eos, limit, token, parent, weight, child, sibling, count)
             if m > best_len:
                 best_len, best_end = m, end
         end = prev[end]
@@ -98,7 +101,7 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
 
 @njit(cache=True)
 def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, substitution_scale,
-                          skip_scale, match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, ends, out):
+                          skip_scale, match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, ends, out):
     """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
 
     - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
@@ -119,26 +122,26 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
     match_len = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
     if match_len:
         _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_base, num_draft_tokens,
-                         eos, token, parent, weight, child, sibling, count, out)
+                         eos, limit, token, parent, weight, child, sibling, count, out)
         count = out[0]
         if out[1] < match_len:  # the walk stopped before it (a frequent last token)
             start = ends[match_len] + 1
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, eos,
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, eos, limit,
                               token, parent, weight, child, sibling, count)
     # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
     _add_occurrences(tokens, prev, n, n - 1, prev[n - 2], max_ngram, substitution_walk, 2, 2, substitution_scale,
-                     skip_scale, match_base, num_draft_tokens, eos, token, parent, weight, child, sibling, count, out)
+                     skip_scale, match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, out)
     out[2] = out[1]
     out[1] = match_len
 
 
 @njit(cache=True)
 def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_base, num_draft_tokens, stop_token, eos,
-                      token, parent, weight, child, sibling, count, ends, out):
+                      limit, token, parent, weight, child, sibling, count, ends, out):
     """Adds what followed the most recent occurrence, in an index's arrays, of the longest suffix of `query`.
 
     The continuation source[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token
-    (-1: none) and before any token in eos; it weighs scale * match_base**m for an
+    (-1: none) and before any token in eos or >= limit; it weighs scale * match_base**m for an
     m-token match. Writes (count, m) to out (m = 0: no suffix of at least min_ngram
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
@@ -150,7 +153,7 @@ def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, matc
             if source[pos] == stop_token:
                 stop = pos
                 break
-        count = _add_path(source, start, stop, scale * match_base**match_len, eos, token, parent, weight, child, sibling, count)
+        count = _add_path(source, start, stop, scale * match_base**match_len, eos, limit, token, parent, weight, child, sibling, count)
     out[0], out[1] = count, match_len
 
 
@@ -225,6 +228,7 @@ class DraftTrie:
         self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
         self.eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
+        self.vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
         self._reserve(1024)
         self.clear()
 
@@ -242,7 +246,7 @@ class DraftTrie:
         if starts.shape[0] == 0 or num_draft_tokens <= 0:
             return
         self._reserve(self._count + starts.shape[0] * num_draft_tokens)
-        self._count = add_paths(source, starts, weights, num_draft_tokens, self.eos, *self._buffers(), self._count)
+        self._count = add_paths(source, starts, weights, num_draft_tokens, self.eos, self.vocab_limit, *self._buffers(), self._count)
 
     def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
                               match_base: float, substitution_scale: float, skip_scale: float = 0.0) -> tuple[int, int]:
@@ -253,7 +257,7 @@ class DraftTrie:
         self._reserve(self._count + (walk + substitution_walk + 1) * max(num_draft_tokens, 0))
         add_suffix_candidates(
             index.tokens, index.prev, index.table, index.n, index.min_ngram, index.max_ngram, walk, substitution_walk,
-            substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos, *self._buffers(), self._count, self._ends, self._out,
+            substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos, self.vocab_limit, *self._buffers(), self._count, self._ends, self._out,
         )
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
@@ -267,7 +271,7 @@ class DraftTrie:
         """
         self._reserve(self._count + max(num_draft_tokens, 0))
         add_longest_match(index.tokens, index.table, index.n, query, index.min_ngram, index.max_ngram, scale,
-                          match_base, num_draft_tokens, -1 if stop_token is None else stop_token, self.eos, *self._buffers(),
+                          match_base, num_draft_tokens, -1 if stop_token is None else stop_token, self.eos, self.vocab_limit, *self._buffers(),
                           self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1])

@@ -25,13 +25,14 @@ def store_continuation(sequences, query, min_ngram, max_ngram, num_draft_tokens)
     return 0, []
 
 
-def trie_weights(candidates, eos=()):
-    """{path (tuple of tokens): summed weight} over candidates (token list, weight), each cut before an EOS."""
+def trie_weights(candidates, eos=(), vocab_limit=2**31):
+    """{path (tuple of tokens): summed weight} over candidates (token list, weight), each cut before an EOS
+    or an id at or above vocab_limit."""
     weights = {}
     for tokens, weight in candidates:
         path = ()
         for token in tokens:
-            if token in eos:
+            if token in eos or token >= vocab_limit:
                 break
             path += (token,)
             weights[path] = weights.get(path, 0.0) + weight

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from lookahead import Draft, DraftStats, LookupDrafter
+from lookahead import Draft, DraftStats, LookupDrafter, TokenStore
 
 
 def test_propose_copies_what_followed_the_longest_most_recent_match():
@@ -38,6 +38,35 @@ def test_drafts_stop_before_eos():
     drafter = LookupDrafter(num_draft_tokens=8, eos_token_id=[9, 5])
     drafter.reset([1, 2, 3, 4, 5, 6, 1, 2])
     assert drafter.propose().token_ids.tolist() == [3, 4]
+
+
+def test_drafts_stop_before_ids_outside_the_vocabulary_from_any_source():
+    # A regression: document or memory ids >= the model's vocabulary reached the model and crashed it.
+    memory = TokenStore()
+    memory.add([60, 61, 62, 63, 700, 64])
+    drafter = LookupDrafter(num_draft_tokens=8, memory=memory, vocab_size=300)
+    drafter.documents.add([50, 51, 52, 999, 53])  # straight into the library: not checked there
+    drafter.reset([1, 2, 3, 40, 301, 41, 5, 50, 51, 52])
+    assert len(drafter.propose()) == 0  # the document continues with 999
+    drafter.extend([7, 60, 61, 62])
+    assert drafter.propose().token_ids.tolist() == [63]  # memory continues with 63, 700
+    drafter.extend([9, 2, 3, 40])
+    assert len(drafter.propose()) == 0  # its own prompt continues with 301 (a prompt the model could not take)
+    assert len(drafter.propose_tree()) == 0
+    drafter.vocab_size = None
+    assert drafter.propose().token_ids.tolist() == [301, 41, 5, 50, 51, 52, 7, 60]
+
+
+def test_add_document_refuses_ids_outside_a_known_vocabulary():
+    drafter = LookupDrafter()
+    drafter.add_document([50, 51, 52, 999])  # vocabulary unknown: accepted, and never drafted past 298 later
+    drafter.vocab_size = 300
+    with pytest.raises(ValueError, match=r"document token id 999 at position 3 .*vocab_size=300"):
+        drafter.add_document([50, 51, 52, 999])
+    drafter.add_document([50, 51, 52, 299])
+    for bad in (0, -1, 1.5, True, "300"):
+        with pytest.raises(ValueError, match="vocab_size"):
+            LookupDrafter(vocab_size=bad)
 
 
 def test_reset_forgets_the_previous_sequence_and_stats():

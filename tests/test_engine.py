@@ -27,16 +27,54 @@ def with_mask(case):
     return case["options"] | dict(attention_mask=torch.ones(1, len(case["prompt"]), dtype=torch.long))
 
 
+SCORES = dict(return_dict_in_generate=True, output_scores=True, output_logits=True)
+
+
+def assert_same_scores(got, expected, prompt_len):
+    """Per new token, the processed scores and raw logits of plain generate (block vs one-token forward: close, not equal)."""
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    for ours, theirs in ((got.scores, expected.scores), (got.logits, expected.logits)):
+        assert len(ours) == len(theirs) == expected.sequences.shape[1] - prompt_len
+        for a, b in zip(ours, theirs):
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.float32
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+    assert got.cache.get_seq_length() == expected.cache.get_seq_length() == expected.sequences.shape[1] - 1
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("seed", range(CASES))
 def test_engine_greedy_matches_plain_generate(family, seed):
     model = tiny_model(family)
     case = make_case(model, 500 + seed, VOCAB)
+    if seed % 2:  # half the cases also compare scores, logits and the cache
+        case["options"] |= SCORES
     expected = plain(model, case)
     for tree in ([True, False] if family in TREE_FAMILIES else [False]):
         drafter = LookupDrafter(**case["drafter"])
         got = lookahead.generate(model, torch.tensor([case["prompt"]]), drafter=drafter, tree=tree, **with_mask(case))
-        assert got.tolist() == expected.tolist(), (tree, case)
+        if seed % 2:
+            assert_same_scores(got, expected, len(case["prompt"]))
+        else:
+            assert got.tolist() == expected.tolist(), (tree, case)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_scores_and_logits_equal_plain_generates_on_both_entry_points(tree):
+    # A regression: return_dict_in_generate returned scores=None and logits=None.
+    model = stories_model()
+    prompt = story_prompt(model)
+    # suppress_tokens: processed scores differ from the raw logits; an EOS ends a long accepted block
+    options = dict(max_new_tokens=40, do_sample=False, suppress_tokens=[3], eos_token_id=prompt[20], **SCORES)
+    expected = model.generate(torch.tensor([prompt]), **options)
+    drafter = LookupDrafter(cost_aware=False)
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=tree, **options)
+    assert max(drafter.stats.accepted_per_step) >= 4
+    assert_same_scores(got, expected, len(prompt))
+    through = model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(), tree=tree, **options)
+    assert_same_scores(through, expected, len(prompt))
+    assert not torch.equal(got.scores[5], got.logits[5])
+    only_scores = lookahead.generate(model, torch.tensor([prompt]), tree=tree, max_new_tokens=5, return_dict_in_generate=True, output_scores=True)
+    assert only_scores.logits is None and len(only_scores.scores) == 5
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -133,6 +171,45 @@ def test_stop_strings_through_custom_generate_with_the_tokenizer_bound():
         model.generate(torch.tensor([prompt]), custom_generate=lookahead.generate, assistant=LookupDrafter(), tokenizer=tokenizer, **options)
 
 
+def long_stop_string(model, tokenizer, prompt, start, tokens):
+    """The text of `tokens` plain greedy output tokens from `start` on: a stop string spanning that many."""
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=start + tokens + 20, do_sample=False)[0, len(prompt) :].tolist()
+    return tokenizer.decode(plain_ids[start : start + tokens])
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_stop_string_spanning_40_tokens_on_both_entry_points(tree):
+    # A regression: only the last 32 tokens were decoded, so a longer stop string was never found.
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model)
+    stop = long_stop_string(model, tokenizer, prompt, 5, 40)
+    options = dict(max_new_tokens=80, do_sample=False, stop_strings=stop)
+    expected = model.generate(torch.tensor([prompt]), tokenizer=tokenizer, **options)
+    assert expected.shape[1] < len(prompt) + 80  # plain generate stops on it
+    direct = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(), tree=tree, tokenizer=tokenizer, **options)
+    bound = functools.partial(lookahead.generate, tokenizer=tokenizer)
+    through = model.generate(torch.tensor([prompt]), custom_generate=bound, assistant=LookupDrafter(), tree=tree, **options)
+    assert direct.tolist() == expected.tolist()
+    assert through.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stop_strings_of_random_lengths_match_plain_generate(seed):
+    # Randomized: stop strings of 1 to 60 tokens from anywhere in the output, one or two of them.
+    rng = np.random.default_rng(seed)
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model, length=int(rng.integers(20, 70)), repeat=int(rng.integers(1, 8)))
+    stops = [long_stop_string(model, tokenizer, prompt, int(rng.integers(0, 30)), int(rng.integers(1, 61)))
+             for _ in range(int(rng.integers(1, 3)))]
+    options = dict(max_new_tokens=90, do_sample=False, stop_strings=stops)
+    expected = model.generate(torch.tensor([prompt]), tokenizer=tokenizer, **options)
+    drafter = LookupDrafter(draft_factor=16, cost_aware=bool(seed % 2))
+    got = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, tree=bool(seed % 3), tokenizer=tokenizer, **options)
+    assert got.tolist() == expected.tolist(), stops
+
+
 def test_streamer_gets_prompt_then_every_new_token():
     model = stories_model()
     prompt = story_prompt(model)
@@ -155,8 +232,12 @@ def test_tree_support_by_family():
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), attention_mask=torch.tensor([[0, 1]])), UnsupportedGenerationError, "unpadded"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), max_new_tokns=3), ValueError, "max_new_tokns"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), stop_strings="x"), ValueError, "tokenizer"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), return_dict_in_generate=True, output_attentions=True),
+         UnsupportedGenerationError, "output_attentions=True"),
+        (lambda m: m.generate(torch.tensor([[5, 6]]), custom_generate=lookahead.generate, return_dict_in_generate=True,
+                              output_hidden_states=True), UnsupportedGenerationError, "output_hidden_states=True"),
     ],
-    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer"],
+    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer", "attentions", "hidden_states"],
 )
 def test_refused_calls(call, error, message):
     with pytest.raises(error, match=message):

@@ -34,13 +34,14 @@ candidate_lists = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(candidates=candidate_lists, depth=st.integers(1, 6), eos=st.sampled_from([(), (3,)]), max_tree_nodes=st.integers(1, 40),
-       depth_decay=st.sampled_from([1.0, 0.9, 0.5]))
-def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_tree_nodes, depth_decay):
+       depth_decay=st.sampled_from([1.0, 0.9, 0.5]), vocab_limit=st.sampled_from([trie_module.NO_VOCAB_LIMIT, 3, 2]))
+def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, max_tree_nodes, depth_decay, vocab_limit):
     trie = DraftTrie()
     trie.eos = np.array(eos, dtype=np.int64)
+    trie.vocab_limit = vocab_limit
     for tokens, weight in candidates:  # one at a time from its own source, as stores are added
         trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), depth)
-    expected = reference.trie_weights([(tokens[:depth], w) for tokens, w in candidates], eos)
+    expected = reference.trie_weights([(tokens[:depth], w) for tokens, w in candidates], eos, vocab_limit)
     assert node_weights(trie) == pytest.approx(expected)
     assert trie.tree(len(trie) + 5)[0].shape[0] == len(expected)
     # tree(): the max_tree_nodes heaviest after the depth discount, closed under parent, parents first
@@ -69,17 +70,19 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     substitution_walk=st.sampled_from([0, 2, 100]),
     depth=st.integers(1, 5),
     skip_scale=st.sampled_from([0.0, 1.0]),
+    vocab_limit=st.sampled_from([trie_module.NO_VOCAB_LIMIT, 3]),
 )
-def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth, skip_scale):
+def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth, skip_scale, vocab_limit):
     index = TokenIndex(min_ngram=min_ngram, max_ngram=4)
     index.extend(tokens)
     trie = DraftTrie()
+    trie.vocab_limit = vocab_limit
     longest, substituted = trie.add_suffix_candidates(
         index.buffers(), depth, walk=walk, substitution_walk=substitution_walk, match_base=2.0, substitution_scale=0.25,
         skip_scale=skip_scale,
     )
     candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25, skip_scale)
-    assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates))
+    assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates, vocab_limit=vocab_limit))
     assert longest == reference.longest_match(tokens, min_ngram, 4)[0]
 
 

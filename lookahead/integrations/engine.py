@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from lookahead.draft import Draft
@@ -29,7 +29,7 @@ from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.integrations.transformers import (
-    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep,
+    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
 )
 from lookahead.sizing import DraftSizer, plan_step
 
@@ -82,18 +82,24 @@ def generate(
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol).
         tokenizer: needed for `stop_strings`.
-        stop_strings: stop once the decoded output contains one (even mid-block); needs tokenizer.
+        stop_strings: stop at the token that completes one, as plain generate does
+            (transformers' StopStringCriteria, checked after every token, even mid-block); needs tokenizer.
         **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
             temperature, top_k, top_p, repetition_penalty, logits processors,
-            return_dict_in_generate, attention_mask, ...).
+            return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
 
     Returns:
-        (1, total_len) sequences, or a GenerateDecoderOnlyOutput with `sequences` when
-        return_dict_in_generate. The drafter's `stats` describe the call.
+        (1, total_len) sequences, or, when return_dict_in_generate, a
+        GenerateDecoderOnlyOutput with `sequences`, `cache` (every token but the last, as
+        plain generate leaves it) and, if asked for, `scores` (output_scores: the processed
+        scores each new token was chosen from) and `logits` (output_logits: the raw logits
+        at the position that produced it), one (1, vocab) float32 tensor per new token
+        as plain generate returns them. The drafter's `stats` describe the call.
 
     Raises:
         UnsupportedGenerationError: batch size above 1, beam search, encoder-decoder models,
-            static caches, tree=True for a family without tree support.
+            static caches, tree=True for a family without tree support,
+            output_attentions or output_hidden_states with return_dict_in_generate.
     """
     if "cost_aware" in kwargs:
         raise TypeError("cost_aware is the drafter's option: LookupDrafter(cost_aware=False)")
@@ -134,13 +140,17 @@ def generate(
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     eos = _eos_set(config)
     drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
+    drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
         raise ValueError(
             "stop_strings needs tokenizer= to decode the generated tokens. Through model.generate(custom_generate=...) "
             "transformers does not forward tokenizer=; bind it: custom_generate=functools.partial(lookahead.generate, tokenizer=tokenizer)"
         )
+    stop = _StopStrings(tokenizer, stop_strings) if stop_strings else None
     do_sample = bool(config.do_sample)
+    record = config.return_dict_in_generate and (config.output_scores or config.output_logits)
+    scores, raw_logits = [], []  # per new token, (1, vocab) float32: what plain generate returns
 
     sequence = input_ids[0].tolist()
     if streamer is not None and not prompt_streamed:
@@ -157,16 +167,20 @@ def generate(
             # over the whole prompt (a slower attention path), so it verifies a chain.
             tree_step = use_tree and len(sequence) > prompt_len
             chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
+            rows = [] if record else None
             start = time.perf_counter()
-            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep)
+            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep, rows)
             if sizer is not None and len(sequence) > prompt_len and not tree_step:
                 sizer.timed(1 + len(draft), time.perf_counter() - start)  # a chain step (the choice synced the device)
             if sizer is not None and len(chain):
                 sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
             drafter.stats.record(len(draft), len(kept))
             new = kept + [choice]
-            stop_at = _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer)
+            stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
             new = new if stop_at is None else new[:stop_at]
+            if record:
+                scores += [processed for processed, _ in rows[: len(new)]]
+                raw_logits += [raw for _, raw in rows[: len(new)]]
             _emit(streamer, new)
             sequence += new
             if stop_at is not None:
@@ -178,16 +192,22 @@ def generate(
         streamer.end()
     sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
     if config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=sequences)
+        drop_cache_tail(cache, cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences, scores=tuple(scores) if config.output_scores else None,
+            logits=tuple(raw_logits) if config.output_logits else None, cache=cache,
+        )
     return sequences
 
 
-def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool, logits_to_keep: bool):
+def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_sample: bool, logits_to_keep: bool,
+            rows: list | None = None):
     """One forward pass over the uncached tokens plus the draft; returns (kept draft tokens, model's next token).
 
     The tokens of `sequence` past the cache (the prompt on the first step, else the last
     step's own token) form a causal chain; the draft's roots hang from its last token.
-    Afterwards the cache holds the sequence and the kept draft tokens.
+    Afterwards the cache holds the sequence and the kept draft tokens. With `rows`, appends
+    (processed scores, raw logits), each (1, vocab) float32, for each returned token.
     """
     cached = cache.get_seq_length()
     u = len(sequence) - cached  # uncached tokens, >= 1
@@ -220,7 +240,9 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
     while True:
         node = path[-1]
         context = sequence + [tokens[i] for i in path[1:]]
-        choice = _choose(processors, torch.tensor([context], device=device), logits[node - first], do_sample)
+        choice, processed = _choose(processors, torch.tensor([context], device=device), logits[node - first], do_sample)
+        if rows is not None:
+            rows.append((processed, logits[node - first][None].clone()))
         child = children.get((node, choice))
         if child is None:
             break
@@ -258,30 +280,49 @@ def _keep_in_cache(cache, cached: int, keep: list[int], block_len: int, is_chain
     keep_cache_positions(cache, torch.tensor(list(range(cached)) + [cached + b for b in keep]))
 
 
-def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> int:
+def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> tuple[int, torch.Tensor]:
+    """(the token chosen, the (1, vocab) processed scores it was chosen from)."""
     scores = logits[None].clone()
     if len(processors):
         scores = processors(context, scores)
     if do_sample:
-        return int(torch.multinomial(torch.softmax(scores[0], dim=-1), 1))
-    return int(scores[0].argmax())
+        return int(torch.multinomial(torch.softmax(scores[0], dim=-1), 1)), scores
+    return int(scores[0].argmax()), scores
 
 
-def _stop_index(sequence, new, prompt_len, max_len, eos, criteria, stop_strings, tokenizer):
+def _stop_index(sequence, new, max_len, eos, criteria, stop):
     """How many of `new` to keep if generation stops among them (None: it goes on)."""
     for i, token in enumerate(new):
         length = len(sequence) + i + 1
         if token in eos or length >= max_len:
             return i + 1
-        if stop_strings:
-            tail = tokenizer.decode((sequence + new[: i + 1])[max(prompt_len, length - 32) :])
-            if any(s in tail for s in stop_strings):
-                return i + 1
+        if stop is not None and stop.completed_by(sequence, new[: i + 1]):
+            return i + 1
         if criteria:
             ids = torch.tensor([sequence + new[: i + 1]])
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None
+
+
+class _StopStrings:
+    """Plain generate's stop-string check (transformers' StopStringCriteria), on the tokens it can read.
+
+    The criterion matches a stop string on its characters, or its UTF-8 bytes for
+    byte-level tokenizers, and reads at most one token per character or byte (it cuts its
+    input to that many itself). Handing it the last `window` tokens, at least that many,
+    makes each check exactly the one plain generate makes after that token, whatever the
+    strings' length, at O(window) per token instead of O(sequence).
+    """
+
+    def __init__(self, tokenizer, stop_strings: list[str]):
+        self.criterion = StopStringCriteria(tokenizer, stop_strings)
+        self.window = max(1, *(len(s.encode("utf-8")) for s in stop_strings))  # >= len(s) in characters
+
+    def completed_by(self, sequence: list[int], new: list[int]) -> bool:
+        """Whether the last token of sequence + new completes a stop string."""
+        tail = (sequence[-self.window :] + new)[-self.window :]
+        return bool(self.criterion(torch.tensor([tail]), None).any())
 
 
 def _emit(streamer, tokens: list[int]) -> None:
@@ -299,6 +340,12 @@ def _eos_set(config: GenerationConfig) -> set[int]:
 def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
     if model.config.is_encoder_decoder:
         raise UnsupportedGenerationError(f"lookahead.generate drafts for decoder-only models; {type(model).__name__} is an encoder-decoder")
+    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        asked = "output_attentions" if config.output_attentions else "output_hidden_states"
+        raise UnsupportedGenerationError(
+            f"lookahead.generate returns sequences, scores, logits and the cache, not attentions or hidden states ({asked}=True): "
+            "a verify step computes them for a block of draft tokens, not one token at a time. Generate without the drafter for them."
+        )
     if (config.num_beams or 1) > 1:
         raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:

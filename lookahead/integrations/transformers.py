@@ -77,7 +77,8 @@ class TransformersAssistant:
         if caller is not None:
             _check_generation_mode(caller)
             target = caller["self"]
-            self.target_vocab_size = target.config.get_text_config().vocab_size
+            self.target_vocab_size = vocab_size(target)
+            self.drafter.vocab_size = self.target_vocab_size  # drafts never hold an id the target cannot take
             self.target_device = target.device
             self.target_model = weakref.ref(target)
         return _AssistantConfig(is_encoder_decoder=False, vocab_size=self.target_vocab_size)
@@ -204,6 +205,11 @@ def keep_cache_positions(cache: DynamicCache, positions: torch.Tensor) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(-2, positions.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, positions.to(layer.values.device))
+
+
+def vocab_size(model) -> int:
+    """The ids the model takes and scores: [0, vocab_size)."""
+    return model.config.get_text_config().vocab_size
 
 
 def supports_logits_to_keep(model) -> bool:
