@@ -140,8 +140,6 @@ def generate(
     prompt_len = input_ids.shape[1]
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     eos = _eos_set(config)
-    drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
-    drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
         raise ValueError(
@@ -154,39 +152,42 @@ def generate(
     scores, raw_logits = [], []  # per new token, (1, vocab) float32: what plain generate returns
 
     sequence = input_ids[0].tolist()
-    if streamer is not None and not prompt_streamed:
-        streamer.put(input_ids.cpu())
-    drafter.reset(sequence)
-    sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
-    logits_to_keep = supports_logits_to_keep(model)
-    cache = new_cache(model)
-    with torch.inference_mode():
-        while True:
-            room = max_len - len(sequence) - 1  # draft tokens that fit: the step's own token takes the last place
-            # The first step also prefills the prompt: a tree there would need an explicit mask
-            # over the whole prompt (a slower attention path), so it verifies a chain.
-            tree_step = use_tree and len(sequence) > prompt_len
-            chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
-            rows = [] if record else None
-            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep, rows)
-            if sizer is not None and len(chain):
-                sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
-            drafter.stats.record(len(draft), len(kept))
-            new = kept + [choice]
-            stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
-            new = new if stop_at is None else new[:stop_at]
-            if record:
-                scores += [processed for processed, _ in rows[: len(new)]]
-                raw_logits += [raw for _, raw in rows[: len(new)]]
-            _emit(streamer, new)
-            sequence += new
-            if stop_at is not None:
-                break
-            if sizer is not None:
-                sizer.settle(sequence)
-            drafter.extend(new)
-    if streamer is not None:
-        streamer.end()
+    with drafter.exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
+        drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
+        drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
+        drafter.reset(sequence)
+        if streamer is not None and not prompt_streamed:
+            streamer.put(input_ids.cpu())
+        sizer = DraftSizer(costs, drafter.max_ngram) if cost_aware else None
+        logits_to_keep = supports_logits_to_keep(model)
+        cache = new_cache(model)
+        with torch.inference_mode():
+            while True:
+                room = max_len - len(sequence) - 1  # draft tokens that fit: the step's own token takes the last place
+                # The first step also prefills the prompt: a tree there would need an explicit mask
+                # over the whole prompt (a slower attention path), so it verifies a chain.
+                tree_step = use_tree and len(sequence) > prompt_len
+                chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
+                rows = [] if record else None
+                kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep, rows)
+                if sizer is not None and len(chain):
+                    sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
+                drafter.stats.record(len(draft), len(kept))
+                new = kept + [choice]
+                stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
+                new = new if stop_at is None else new[:stop_at]
+                if record:
+                    scores += [processed for processed, _ in rows[: len(new)]]
+                    raw_logits += [raw for _, raw in rows[: len(new)]]
+                _emit(streamer, new)
+                sequence += new
+                if stop_at is not None:
+                    break
+                if sizer is not None:
+                    sizer.settle(sequence)
+                drafter.extend(new)
+        if streamer is not None:
+            streamer.end()
     sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
     if config.return_dict_in_generate:
         drop_cache_tail(cache, cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
