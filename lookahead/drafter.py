@@ -29,6 +29,25 @@ _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
 
+class _NotAnInstanceError(TypeError, AttributeError):
+    """An instance attribute read on the class (an AttributeError too, so hasattr and inspect see no attribute)."""
+
+
+class _AdapterAttribute:
+    """A name transformers reads on an assistant_model, answered by the drafter's TransformersAssistant."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, drafter, owner=None):
+        if drafter is None:
+            raise _NotAnInstanceError(
+                f"{owner.__name__}.{self.name} was read on the class: pass a drafter instance, "
+                f"assistant_model={owner.__name__}(), not the class {owner.__name__}"
+            )
+        return getattr(drafter._transformers(), self.name)
+
+
 class LookupDrafter:
     """Drafts what followed the current suffix where it occurred before.
 
@@ -297,19 +316,12 @@ class LookupDrafter:
     # it lives in lookahead.integrations.transformers, imported here on first use, so the
     # drafting core never imports torch or transformers. Note: transformers reads `config`
     # and `device` while it validates the call, and the adapter checks the call there
-    # (see TransformersAssistant.config).
+    # (see TransformersAssistant.config). Read on the class (assistant_model=LookupDrafter,
+    # the parentheses forgotten) they raise a TypeError that says so.
 
-    @property
-    def config(self):
-        return self._transformers().config
-
-    @property
-    def device(self):
-        return self._transformers().device
-
-    @property
-    def generation_config(self):
-        return self._transformers().generation_config
+    config = _AdapterAttribute()
+    device = _AdapterAttribute()
+    generation_config = _AdapterAttribute()
 
     def _supports_logits_to_keep(self) -> bool:
         return False

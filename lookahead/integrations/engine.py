@@ -107,6 +107,7 @@ def generate(
     drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
     if not isinstance(drafter, LookupDrafter):
         raise TypeError(f"drafter must be a lookahead.LookupDrafter instance, got {drafter!r}")
+    _check_input_ids(input_ids, model)
     prompt_streamed = False
     if streamer is None and generation_config is not None:
         streamer = streamer_dropped_by_transformers()
@@ -188,7 +189,7 @@ def generate(
                 drafter.extend(new)
         if streamer is not None:
             streamer.end()
-    sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
+    sequences = torch.tensor([sequence], dtype=torch.long, device=input_ids.device)  # int64 whatever came in, as plain generate
     if config.return_dict_in_generate:
         drop_cache_tail(cache, cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
         return GenerateDecoderOnlyOutput(
@@ -335,6 +336,20 @@ def _eos_set(config: GenerationConfig) -> set[int]:
     return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
 
 
+def _check_input_ids(input_ids, model) -> None:
+    """(1, prompt_len) integer ids the model takes; refused here, not deep inside torch."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch tensor of token ids, shape (1, prompt_len), got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be integers, got a tensor of dtype {input_ids.dtype}")
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (1, prompt_len) with prompt_len >= 1, got {tuple(input_ids.shape)}")
+    low, high, vocab = int(input_ids.min()), int(input_ids.max()), vocab_size(model)
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids must be in [0, {vocab}) (the model's vocabulary), got {bad}")
+
+
 def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
     if model.config.is_encoder_decoder:
         raise UnsupportedGenerationError(f"lookahead.generate drafts for decoder-only models; {type(model).__name__} is an encoder-decoder")
@@ -343,6 +358,11 @@ def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
         raise UnsupportedGenerationError(
             f"lookahead.generate returns sequences, scores, logits and the cache, not attentions or hidden states ({asked}=True): "
             "a verify step computes them for a block of draft tokens, not one token at a time. Generate without the drafter for them."
+        )
+    if (config.num_return_sequences or 1) > 1:
+        raise UnsupportedGenerationError(
+            f"lookahead.generate returns one sequence per call, got num_return_sequences={config.num_return_sequences}: "
+            "call it once per sequence wanted (sampling draws anew each call)"
         )
     if (config.num_beams or 1) > 1:
         raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")
