@@ -44,6 +44,10 @@ def add_bench_arguments(parser) -> None:
 
 
 def run_bench(args) -> int:
+    if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
+        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
+    if args.plot:
+        _import_pyplot()  # up front, not after the whole benchmark has run
     if args.overhead:
         rows = measure_overhead(quick=args.quick)
         if args.json:
@@ -63,8 +67,6 @@ def run_bench(args) -> int:
         return 0
     if args.quick:
         args.requests, args.max_new_tokens = 1, 128
-    if args.requests < 1 or args.max_new_tokens < 1:
-        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     model, tasks = load_model_and_tasks(args)
     rows = []
     for workload, requests in tasks.items():
@@ -97,8 +99,12 @@ def load_model_and_tasks(args):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = _dtype(args.dtype, device)
     if args.model:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+            model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        except (OSError, ValueError) as e:  # not found, not a model, offline: one line, not transformers' traceback
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"--model {args.model}: cannot load it ({reason})") from None
         if args.traces:
             return model, {args.traces.name: _trace_tasks(args.traces, args.requests, args.max_new_tokens, forced=False)}
         if args.prompts:
@@ -273,7 +279,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def _import_pyplot():
     try:
         import matplotlib
 
@@ -281,6 +287,11 @@ def plot(rows: list[dict], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    plt = _import_pyplot()
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     names = list(dict.fromkeys(r["method"] for r in rows))
     fig, ax = plt.subplots(figsize=(8, 4))
