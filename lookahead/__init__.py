@@ -7,7 +7,7 @@ The drafting core (index, drafter, stores, sizing) needs numpy and numba only;
 from lookahead.documents import DocumentLibrary
 from lookahead.draft import Draft, DraftStats
 from lookahead.drafter import LookupDrafter
-from lookahead.errors import StoreFileError, UnsupportedGenerationError
+from lookahead.errors import DrafterInUseError, StoreFileError, UnsupportedGenerationError
 from lookahead.index import TokenIndex
 from lookahead.store import TokenStore
 
@@ -17,6 +17,7 @@ __all__ = [
     "DocumentLibrary",
     "Draft",
     "DraftStats",
+    "DrafterInUseError",
     "LookupDrafter",
     "StoreFileError",
     "TokenIndex",

@@ -1,11 +1,14 @@
 """`LookupDrafter`: drafts the continuation of the current suffix from an index over seen tokens."""
 
 import math
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
 from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
+from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_token_ids
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
@@ -22,6 +25,28 @@ STORE_SCALE = 0.5  # a store's match counts as one token shorter than the reques
 SUBSTITUTION_SCALE = 0.25  # a substitution counts as two tokens shorter
 SKIP_SCALE = 1.0  # the model skipped a source token: counts as a match of the tokens before it
 TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
+_ADAPTER_LOCK = threading.Lock()
+_IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
+           "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
+
+class _NotAnInstanceError(TypeError, AttributeError):
+    """An instance attribute read on the class (an AttributeError too, so hasattr and inspect see no attribute)."""
+
+
+class _AdapterAttribute:
+    """A name transformers reads on an assistant_model, answered by the drafter's TransformersAssistant."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, drafter, owner=None):
+        if drafter is None:
+            raise _NotAnInstanceError(
+                f"{owner.__name__}.{self.name} was read on the class: pass a drafter instance, "
+                f"assistant_model={owner.__name__}(), not the class {owner.__name__}"
+            )
+        return getattr(drafter._transformers(), self.name)
+
 
 class LookupDrafter:
     """Drafts what followed the current suffix where it occurred before.
@@ -43,8 +68,10 @@ class LookupDrafter:
     transformers reads on an `assistant_model` is answered by
     `lookahead.integrations.transformers`, imported on first use.
 
-    One drafter serves one request at a time. Threads that generate concurrently each
-    need their own drafter; they can share a `TokenStore` as memory.
+    One drafter serves one request at a time, in the thread that started it (`reset`):
+    `extend`/`propose` from another thread, and a second request while a loop holds the
+    drafter (`exclusive`), raise DrafterInUseError. Threads that generate concurrently
+    each need their own drafter; they can share a `TokenStore` as memory.
 
     Args:
         num_draft_tokens: most tokens proposed per step (per branch, for trees).
@@ -123,6 +150,8 @@ class LookupDrafter:
         self.vocab_size = vocab_size
         self.stats = DraftStats()
         self._transformers_adapter = None  # built on first use by transformers' loop
+        self._owner: int | None = None  # threading.get_ident() of the thread whose request this is (set by reset)
+        self._held = threading.RLock()  # held by a verification loop while it drafts (exclusive)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -177,18 +206,44 @@ class LookupDrafter:
         if len(self.index):  # mid-request: let the current request see it too
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
 
+    @contextmanager
+    def exclusive(self):
+        """Holds the drafter for a verification loop (a step of transformers', a whole call of ours).
+
+        Raises DrafterInUseError at once, without waiting, if another thread holds it; the
+        holder's own calls (reset, propose, extend) nest inside.
+        """
+        if not self._held.acquire(blocking=False):
+            raise DrafterInUseError(_IN_USE)
+        try:
+            yield self
+        finally:
+            self._held.release()
+
     def reset(self, prompt_ids=()) -> None:
-        """Starts a new request: files the old one into memory, forgets it and its stats, indexes `prompt_ids`."""
-        if self.memory is not None and len(self.index):
-            self.memory.add(self.index.tokens)
-        self.index.clear()
-        self.index.extend(prompt_ids)
-        self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
-        self.stats = DraftStats()
+        """Starts a new request, in this thread: files the old one into memory, forgets it and its stats, indexes `prompt_ids`.
+
+        Raises:
+            DrafterInUseError: a verification loop in another thread holds the drafter.
+        """
+        with self.exclusive():
+            if self.memory is not None and len(self.index):
+                self.memory.add(self.index.tokens)
+            self.index.clear()
+            self._owner = threading.get_ident()
+            self.index.extend(prompt_ids)
+            self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+            self.stats = DraftStats()
 
     def extend(self, token_ids) -> None:
-        """Appends verified tokens to the sequence."""
+        """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's)."""
+        self._check_thread()
         self.index.extend(token_ids)
+
+    def _check_thread(self) -> None:
+        owner = self._owner
+        if owner is not None and owner != threading.get_ident():
+            raise DrafterInUseError(_IN_USE)
 
     def propose(self, num_draft_tokens: int | None = None) -> Draft:
         """Drafts a chain of up to `num_draft_tokens` tokens (at most, and by default, the drafter's own).
@@ -199,6 +254,7 @@ class LookupDrafter:
         match_len-token match has at most ceil(draft_factor * match_len) tokens.
         Cost: O(walk * max_ngram) to find anchors, O(walk * num_draft_tokens) to merge them.
         """
+        self._check_thread()
         limit = self._limit(num_draft_tokens)
         if limit == 0:
             return EMPTY_DRAFT
@@ -214,6 +270,7 @@ class LookupDrafter:
         every node before a branch of slightly lower weight gets one). Parents precede
         children; `propose`'s chain is the heaviest path (cut by draft_factor there, not here).
         """
+        self._check_thread()
         limit = self._limit(num_draft_tokens)
         if limit == 0 or max_tree_nodes < 1:
             return EMPTY_DRAFT
@@ -259,19 +316,12 @@ class LookupDrafter:
     # it lives in lookahead.integrations.transformers, imported here on first use, so the
     # drafting core never imports torch or transformers. Note: transformers reads `config`
     # and `device` while it validates the call, and the adapter checks the call there
-    # (see TransformersAssistant.config).
+    # (see TransformersAssistant.config). Read on the class (assistant_model=LookupDrafter,
+    # the parentheses forgotten) they raise a TypeError that says so.
 
-    @property
-    def config(self):
-        return self._transformers().config
-
-    @property
-    def device(self):
-        return self._transformers().device
-
-    @property
-    def generation_config(self):
-        return self._transformers().generation_config
+    config = _AdapterAttribute()
+    device = _AdapterAttribute()
+    generation_config = _AdapterAttribute()
 
     def _supports_logits_to_keep(self) -> bool:
         return False
@@ -284,7 +334,9 @@ class LookupDrafter:
         if self._transformers_adapter is None:
             from lookahead.integrations.transformers import TransformersAssistant
 
-            self._transformers_adapter = TransformersAssistant(self)
+            with _ADAPTER_LOCK:  # one adapter per drafter, even when two threads first call at once
+                if self._transformers_adapter is None:
+                    self._transformers_adapter = TransformersAssistant(self)
         return self._transformers_adapter
 
 

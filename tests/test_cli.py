@@ -1,6 +1,7 @@
 """`lookahead replay` and `lookahead bench`: parsing, output formats, error paths."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -61,6 +62,9 @@ def test_replay_hf_drafter_runs_transformers_prompt_lookup(tmp_path, capsys):
         ([{"prompt_token_ids": [1.5], "generated_token_ids": [2]}], "t.jsonl:1: 'prompt_token_ids' must be a list of integer"),
         ([{"prompt_token_ids": [-1], "generated_token_ids": [2]}], "negative"),
         (["[1, 2]"], "expected a JSON object"),
+        ([REPEATING, {"prompt_token_ids": [1, 2**64], "generated_token_ids": [2]}], "t.jsonl:2: 'prompt_token_ids' holds token id 18446744073709551616"),
+        ([{"prompt_token_ids": [1], "generated_token_ids": [2, 2**31]}], "t.jsonl:1: 'generated_token_ids' holds token id 2147483648"),
+        ([{"prompt_token_ids": [2**31 - 1], "generated_token_ids": [2]}], "t.jsonl:1: 'prompt_token_ids' holds token id 2147483647"),
     ],
 )
 def test_replay_bad_input_names_file_and_line(tmp_path, capsys, rows, message):
@@ -76,9 +80,10 @@ def test_replay_missing_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_replay_bad_option(tmp_path, capsys):
-    assert main(["replay", str(write_trace(tmp_path, [REPEATING])), "--num-draft-tokens", "0"]) == 2
-    assert "--num-draft-tokens" in capsys.readouterr().err
+@pytest.mark.parametrize("option, value", [("--num-draft-tokens", "0"), ("--limit", "-1"), ("--limit", "0")])
+def test_replay_bad_option(tmp_path, capsys, option, value):
+    assert main(["replay", str(write_trace(tmp_path, [REPEATING])), option, value]) == 2
+    assert option in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (SHARED / "traces").is_dir(), reason="../shared/traces is absent")
@@ -156,3 +161,35 @@ def test_replay_tree_keeps_at_least_what_the_chain_keeps(tmp_path, capsys):
 def test_replay_bad_max_tree_nodes(tmp_path, capsys):
     assert main(["replay", str(write_trace(tmp_path, [REPEATING])), "--tree", "--max-tree-nodes", "0"]) == 2
     assert "--max-tree-nodes" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_benchmark(monkeypatch):
+    """Fails the test if the benchmark itself starts: refusals must come first."""
+    from lookahead.bench import e2e
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the benchmark ran before the bad option was refused")
+
+    monkeypatch.setattr(e2e, "bench_workload", ran)
+
+
+@pytest.mark.parametrize("flags", [["--quick", "--requests", "0"], ["--requests", "-2"], ["--quick", "--max-new-tokens", "0"]])
+def test_bench_refuses_bad_counts_even_with_quick(capsys, no_benchmark, flags):
+    # A regression: --quick overwrote --requests 0 with 1 and ran, exit 0.
+    assert main(["bench", *flags]) == 2
+    assert "--requests and --max-new-tokens must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_unloadable_model_is_one_clear_line(tmp_path, capsys, no_benchmark):
+    # A regression: 75 lines of transformers' tracebacks.
+    assert main(["bench", "--model", str(tmp_path / "nonexistent")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lookahead bench: error: --model {tmp_path / 'nonexistent'}: cannot load it (")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_running(monkeypatch, capsys, no_benchmark):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["bench", "--quick", "--plot", "chart.png"]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err

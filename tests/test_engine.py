@@ -236,12 +236,35 @@ def test_tree_support_by_family():
          UnsupportedGenerationError, "output_attentions=True"),
         (lambda m: m.generate(torch.tensor([[5, 6]]), custom_generate=lookahead.generate, return_dict_in_generate=True,
                               output_hidden_states=True), UnsupportedGenerationError, "output_hidden_states=True"),
+        (lambda m: lookahead.generate(m, [[5, 6]]), TypeError, "torch tensor"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5.0, 6.0]], dtype=torch.bfloat16)), TypeError, "dtype torch.bfloat16"),
+        (lambda m: lookahead.generate(m, torch.tensor([5, 6])), ValueError, r"shape \(1, prompt_len\)"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, VOCAB]])), ValueError, f"vocabulary.*{VOCAB}"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), do_sample=True, num_return_sequences=2),
+         UnsupportedGenerationError, "num_return_sequences=2"),
+        (lambda m: m.generate(torch.tensor([[5, 6]]), custom_generate=lookahead.generate, do_sample=True, num_return_sequences=2),
+         UnsupportedGenerationError, "num_return_sequences=2"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), num_return_sequences=2), ValueError, "num_return_sequences"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), drafter="yes"), TypeError, "LookupDrafter instance, got 'yes'"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), drafter=LookupDrafter), TypeError, "LookupDrafter instance, got <class"),
+        (lambda m: m.generate(torch.tensor([[5, 6]]), custom_generate=lookahead.generate, assistant=LookupDrafter),
+         TypeError, "LookupDrafter instance"),
     ],
-    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer", "attentions", "hidden_states"],
+    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer", "attentions", "hidden_states",
+         "list_ids", "bfloat16_ids", "1d_ids", "ids_outside_vocabulary", "num_return_sequences_sampling",
+         "num_return_sequences_custom_generate", "num_return_sequences_greedy", "drafter_str", "drafter_class", "assistant_class"],
 )
 def test_refused_calls(call, error, message):
     with pytest.raises(error, match=message):
         call(tiny_model("llama"))
+
+
+def test_int32_input_ids_come_back_int64_as_from_plain_generate():
+    model = tiny_model("llama")
+    input_ids = torch.tensor([[5, 6, 7, 5, 6]], dtype=torch.int32)
+    expected = model.generate(input_ids, max_new_tokens=6, do_sample=False)
+    got = lookahead.generate(model, input_ids, max_new_tokens=6, do_sample=False)
+    assert got.dtype == expected.dtype == torch.int64 and got.tolist() == expected.tolist()
 
 
 def test_tree_true_on_a_family_without_tree_support():

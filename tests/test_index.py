@@ -153,3 +153,37 @@ def test_bad_tokens_are_refused_and_leave_the_index_unchanged(tokens, error, mes
     with pytest.raises(error, match=message):
         index.extend(tokens)
     assert index.tokens.tolist() == [1, 2, 3]
+
+
+BAD_IDS = [
+    ("abc", TypeError, "got str"),
+    ({1, 2}, TypeError, "got set"),
+    ((t for t in [1, 2]), TypeError, "got generator"),
+    ([[1, 2], [3]], ValueError, "ragged"),
+    ("bfloat16", TypeError, "dtype torch.bfloat16"),
+    ([1, 2**31 - 1], ValueError, "got 2147483647 at position 1"),
+]
+
+
+def public_entries():
+    from lookahead import DocumentLibrary, LookupDrafter, TokenStore
+
+    drafter = LookupDrafter()
+    library = DocumentLibrary()
+    library.add([1, 2, 3])
+    return {"reset": drafter.reset, "extend": drafter.extend, "add_document": drafter.add_document,
+            "TokenStore.add": TokenStore().add, "DocumentLibrary.add": library.add, "DocumentLibrary.select": library.select}
+
+
+@pytest.mark.parametrize("entry", list(public_entries()))
+@pytest.mark.parametrize("tokens, error, message", BAD_IDS, ids=["str", "set", "generator", "ragged", "bfloat16", "separator"])
+def test_every_public_entry_refuses_bad_ids_with_our_message(entry, tokens, error, message):
+    if tokens == "bfloat16":
+        import torch
+
+        tokens = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    if isinstance(tokens, type(t for t in [])):
+        tokens = (t for t in [1, 2])  # a fresh one per case
+    with pytest.raises(error, match=message) as raised:
+        public_entries()[entry](tokens)
+    assert raised.traceback[-1].path.name == "token_index.py"  # raised by as_token_ids, not inside numpy or torch

@@ -124,3 +124,19 @@ def test_cost_aware_drafts_are_sized_by_what_the_model_wrote():
 def test_bad_drafter_options_are_refused(kwargs, error, message):
     with pytest.raises(error, match=message):
         LookupDrafter(**kwargs)
+
+
+def test_the_class_instead_of_an_instance_is_refused_clearly():
+    # A regression: transformers read LookupDrafter.config, a property object: AttributeError on 'get_text_config'.
+    model = tiny_model("llama")
+    with pytest.raises(TypeError, match=r"assistant_model=LookupDrafter\(\), not the class"):
+        model.generate(torch.tensor([[5, 6]]), assistant_model=LookupDrafter, max_new_tokens=3)
+    assert not hasattr(LookupDrafter, "config")  # an AttributeError too: introspection sees no attribute
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_num_return_sequences_is_refused_naming_the_option(do_sample):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        model.generate(torch.tensor([[5, 6]]), assistant_model=LookupDrafter(), max_new_tokens=3, do_sample=do_sample,
+                       num_return_sequences=2)

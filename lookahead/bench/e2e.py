@@ -59,6 +59,10 @@ def add_bench_arguments(parser) -> None:
 
 
 def run_bench(args) -> int:
+    if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
+        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
+    if args.plot:
+        _import_pyplot()  # up front, not after the whole benchmark has run
     if args.overhead:
         rows = measure_overhead(quick=args.quick)
         if args.json:
@@ -78,8 +82,6 @@ def run_bench(args) -> int:
         return 0
     if args.quick:
         args.requests, args.max_new_tokens = 1, 128
-    if args.requests < 1 or args.max_new_tokens < 1:
-        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,7 +150,7 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
         if args.traces:
             return {name: [Task(r.prompt.tolist(), None, None, args.max_new_tokens) for r in requests]
                     for name, requests in _read_traces(args.traces, args.requests, None).items()}, None
-        tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+        tokenizer = _load(transformers.AutoTokenizer, args.model)
         if args.prompts:
             texts = {args.prompts.name: [_read_prompt(args.prompts, i, line) for i, line in enumerate(args.prompts.read_text().splitlines(), 1) if line.strip()][: args.requests]}
         else:
@@ -200,12 +202,21 @@ def _forced_trace_task(request, max_new_tokens: int) -> Task:
     return Task(request.prompt.tolist(), reference, eos, len(reference))
 
 
+def _load(auto_class, name: str, **kwargs):
+    """auto_class.from_pretrained(name); a model that cannot be loaded is one line, not transformers' traceback."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:  # not found, not a model, offline
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {name}: cannot load it ({reason})") from None
+
+
 def build_model(args, dtype: torch.dtype, device: str, vocab: int | None):
     """The model timed: --model's, or random weights with DEFAULT_SHAPE (QUICK_SHAPE with --quick) at `vocab`."""
     import transformers
 
     if args.model:
-        return transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        return _load(transformers.AutoModelForCausalLM, args.model, dtype=dtype).to(device).eval()
     torch.manual_seed(0)
     shape = QUICK_SHAPE if args.quick else DEFAULT_SHAPE
     config = transformers.Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **shape)
@@ -424,7 +435,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path, *, label: str = "workload") -> None:
+def _import_pyplot():
     try:
         import matplotlib
 
@@ -432,6 +443,11 @@ def plot(rows: list[dict], path: Path, *, label: str = "workload") -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def plot(rows: list[dict], path: Path, *, label: str = "workload") -> None:
+    plt = _import_pyplot()
     group = lambda r: f"{r[label]} {r['dtype']}"  # noqa: E731
     workloads = list(dict.fromkeys(group(r) for r in rows))
     names = list(dict.fromkeys(r["method"] for r in rows))

@@ -17,6 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lookahead import LookupDrafter
+from lookahead.index import MAX_TOKEN_ID
 from lookahead.sizing import SIZES, DraftSizer, cost_curve, plan_step
 
 
@@ -86,6 +87,9 @@ def _token_list(row: dict, key: str, where: str) -> np.ndarray:
         raise TraceError(f"{where}: {key!r} must be a list of integer token ids")
     if any(t < 0 for t in value):
         raise TraceError(f"{where}: {key!r} holds a negative token id")
+    too_large = next((t for t in value if t > MAX_TOKEN_ID), None)
+    if too_large is not None:
+        raise TraceError(f"{where}: {key!r} holds token id {too_large}, above the largest lookahead indexes ({MAX_TOKEN_ID})")
     return np.asarray(value, dtype=np.int64)
 
 

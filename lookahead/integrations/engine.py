@@ -108,6 +108,7 @@ def generate(
     drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
     if not isinstance(drafter, LookupDrafter):
         raise TypeError(f"drafter must be a lookahead.LookupDrafter instance, got {drafter!r}")
+    _check_input_ids(input_ids, model)
     prompt_streamed = False
     if streamer is None and generation_config is not None:
         streamer = streamer_dropped_by_transformers()
@@ -139,8 +140,6 @@ def generate(
     prompt_len = input_ids.shape[1]
     max_len = prompt_len + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     eos = _eos_set(config)
-    drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
-    drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:
         raise ValueError(
@@ -153,44 +152,47 @@ def generate(
     scores, raw_logits = [], []  # per new token, (1, vocab) float32: what plain generate returns
 
     sequence = input_ids[0].tolist()
-    if streamer is not None and not prompt_streamed:
-        streamer.put(input_ids.cpu())
-    drafter.reset(sequence)
-    # Sized by what steps of this request cost: seeded by the calibration, then the loop's own times.
-    sizer = DraftSizer(step_costs(model), drafter.max_ngram) if drafter.cost_aware else None
-    logits_to_keep = supports_logits_to_keep(model)
-    cache = new_cache(model)
-    with torch.inference_mode():
-        while True:
-            room = max_len - len(sequence) - 1  # draft tokens that fit: the step's own token takes the last place
-            # The first step also prefills the prompt: a tree there would need an explicit mask
-            # over the whole prompt (a slower attention path), so it verifies a chain.
-            tree_step = use_tree and len(sequence) > prompt_len
-            chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
-            rows = [] if record else None
-            start = time.perf_counter()
-            kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep, rows)
-            if sizer is not None and len(sequence) > prompt_len and not tree_step:
-                sizer.timed(1 + len(draft), time.perf_counter() - start)  # a chain step (the choice synced the device)
-            if sizer is not None and len(chain):
-                sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
-            drafter.stats.record(len(draft), len(kept))
-            new = kept + [choice]
-            stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
-            new = new if stop_at is None else new[:stop_at]
-            if record:
-                scores += [processed for processed, _ in rows[: len(new)]]
-                raw_logits += [raw for _, raw in rows[: len(new)]]
-            _emit(streamer, new)
-            sequence += new
-            if stop_at is not None:
-                break
-            if sizer is not None:
-                sizer.settle(sequence)
-            drafter.extend(new)
-    if streamer is not None:
-        streamer.end()
-    sequences = torch.tensor([sequence], dtype=input_ids.dtype, device=input_ids.device)
+    with drafter.exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
+        drafter.eos_token_ids = drafter.eos_option | eos  # drafting past an EOS cannot pay
+        drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
+        drafter.reset(sequence)
+        if streamer is not None and not prompt_streamed:
+            streamer.put(input_ids.cpu())
+        # Sized by what steps of this request cost: seeded by the calibration, then the loop's own times.
+        sizer = DraftSizer(step_costs(model), drafter.max_ngram) if drafter.cost_aware else None
+        logits_to_keep = supports_logits_to_keep(model)
+        cache = new_cache(model)
+        with torch.inference_mode():
+            while True:
+                room = max_len - len(sequence) - 1  # draft tokens that fit: the step's own token takes the last place
+                # The first step also prefills the prompt: a tree there would need an explicit mask
+                # over the whole prompt (a slower attention path), so it verifies a chain.
+                tree_step = use_tree and len(sequence) > prompt_len
+                chain, draft, size = plan_step(drafter, sizer, room, tree=tree_step, max_tree_nodes=max_tree_nodes)
+                rows = [] if record else None
+                start = time.perf_counter()
+                kept, choice = _verify(model, cache, sequence, draft, processors, do_sample, logits_to_keep, rows)
+                if sizer is not None and len(sequence) > prompt_len and not tree_step:
+                    sizer.timed(1 + len(draft), time.perf_counter() - start)  # a chain step (the choice synced the device)
+                if sizer is not None and len(chain):
+                    sizer.observed(chain.match_len, chain.token_ids.tolist(), size, kept + [choice], len(sequence))
+                drafter.stats.record(len(draft), len(kept))
+                new = kept + [choice]
+                stop_at = _stop_index(sequence, new, max_len, eos, criteria, stop)
+                new = new if stop_at is None else new[:stop_at]
+                if record:
+                    scores += [processed for processed, _ in rows[: len(new)]]
+                    raw_logits += [raw for _, raw in rows[: len(new)]]
+                _emit(streamer, new)
+                sequence += new
+                if stop_at is not None:
+                    break
+                if sizer is not None:
+                    sizer.settle(sequence)
+                drafter.extend(new)
+        if streamer is not None:
+            streamer.end()
+    sequences = torch.tensor([sequence], dtype=torch.long, device=input_ids.device)  # int64 whatever came in, as plain generate
     if config.return_dict_in_generate:
         drop_cache_tail(cache, cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
         return GenerateDecoderOnlyOutput(
@@ -337,6 +339,20 @@ def _eos_set(config: GenerationConfig) -> set[int]:
     return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
 
 
+def _check_input_ids(input_ids, model) -> None:
+    """(1, prompt_len) integer ids the model takes; refused here, not deep inside torch."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch tensor of token ids, shape (1, prompt_len), got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be integers, got a tensor of dtype {input_ids.dtype}")
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (1, prompt_len) with prompt_len >= 1, got {tuple(input_ids.shape)}")
+    low, high, vocab = int(input_ids.min()), int(input_ids.max()), vocab_size(model)
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise ValueError(f"input_ids must be in [0, {vocab}) (the model's vocabulary), got {bad}")
+
+
 def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
     if model.config.is_encoder_decoder:
         raise UnsupportedGenerationError(f"lookahead.generate drafts for decoder-only models; {type(model).__name__} is an encoder-decoder")
@@ -345,6 +361,11 @@ def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
         raise UnsupportedGenerationError(
             f"lookahead.generate returns sequences, scores, logits and the cache, not attentions or hidden states ({asked}=True): "
             "a verify step computes them for a block of draft tokens, not one token at a time. Generate without the drafter for them."
+        )
+    if (config.num_return_sequences or 1) > 1:
+        raise UnsupportedGenerationError(
+            f"lookahead.generate returns one sequence per call, got num_return_sequences={config.num_return_sequences}: "
+            "call it once per sequence wanted (sampling draws anew each call)"
         )
     if (config.num_beams or 1) > 1:
         raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")

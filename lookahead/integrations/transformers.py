@@ -26,6 +26,7 @@ generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwar
 """
 
 import sys
+import threading
 import time
 import weakref
 from types import SimpleNamespace
@@ -59,9 +60,9 @@ class TransformersAssistant:
 
     def __init__(self, drafter):
         self.drafter = drafter
-        self.target_vocab_size: int | None = None
-        self.target_device: torch.device | None = None
-        self.target_model = None  # weakref to the model being generated with, for the cost calibration
+        # What `config` learns about the target, per thread: another thread's call (refused
+        # at its first step) must not change it under a running one.
+        self._target = threading.local()
         self.indexed = 0  # tokens of the current request the drafter has seen
         self.sizer: DraftSizer | None = None  # the request's sizer when cost_aware
         self.sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
@@ -77,11 +78,14 @@ class TransformersAssistant:
         if caller is not None:
             _check_generation_mode(caller)
             target = caller["self"]
-            self.target_vocab_size = vocab_size(target)
-            self.drafter.vocab_size = self.target_vocab_size  # drafts never hold an id the target cannot take
-            self.target_device = target.device
-            self.target_model = weakref.ref(target)
+            self._target.vocab_size = vocab_size(target)
+            self._target.device = target.device
+            self._target.model = weakref.ref(target)  # for the cost calibration
         return _AssistantConfig(is_encoder_decoder=False, vocab_size=self.target_vocab_size)
+
+    @property
+    def target_vocab_size(self) -> int | None:
+        return getattr(self._target, "vocab_size", None)
 
     @property
     def device(self) -> torch.device:
@@ -89,7 +93,7 @@ class TransformersAssistant:
         caller = caller_locals("__init__")
         if caller is not None and "input_ids" in caller and "model_kwargs" in caller:
             _check_candidate_generator_inputs(caller["input_ids"], caller["model_kwargs"])
-        return self.target_device if self.target_device is not None else torch.device("cpu")
+        return getattr(self._target, "device", None) or torch.device("cpu")
 
     @property
     def generation_config(self) -> GenerationConfig:
@@ -102,7 +106,8 @@ class TransformersAssistant:
         )
 
     def _new_sizer(self) -> DraftSizer | None:
-        model = self.target_model() if self.target_model is not None else None
+        target = getattr(self._target, "model", None)
+        model = target() if target is not None else None
         if not self.drafter.cost_aware or model is None:
             return None
         from lookahead.integrations.calibration import step_costs
@@ -112,22 +117,33 @@ class TransformersAssistant:
     # -- the call the candidate generator makes each step ----------------------------------
 
     def generate(self, input_ids, *, max_new_tokens, generation_config, **kwargs):
-        """Returns the sequence with a draft of at most `max_new_tokens` tokens appended."""
-        drafter = self.drafter
+        """Returns the sequence with a draft of at most `max_new_tokens` tokens appended.
+
+        Raises:
+            DrafterInUseError: another thread's request holds or took over the drafter.
+        """
         if input_ids.shape[0] != 1:
             raise UnsupportedGenerationError(
                 f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {_ALTERNATIVE}"
             )
-        new_request = "cache" not in kwargs or input_ids.shape[1] <= self.indexed
-        if new_request:
+        # One step at a time: between this request's steps another thread's request may
+        # start (reset); then this request's next extend raises, before any state is read.
+        with self.drafter.exclusive():
+            return self._step(input_ids, max_new_tokens, generation_config, new_request="cache" not in kwargs)
+
+    def _step(self, input_ids, max_new_tokens: int, generation_config, *, new_request: bool):
+        drafter = self.drafter
+        if new_request or input_ids.shape[1] <= self.indexed:
             drafter.eos_token_ids = _eos_ids(generation_config, drafter.eos_option)
+            if self.target_vocab_size is not None:
+                drafter.vocab_size = self.target_vocab_size  # drafts never hold an id the target cannot take
             drafter.reset(input_ids[0])
             self.sizer = self._new_sizer()
         else:
             verified = input_ids[0, self.indexed :]
+            drafter.extend(verified)  # first: from a thread whose request was taken over, it raises
             # The loop appended the accepted drafts plus one token of the model's own.
             drafter.stats.record_accepted(min(verified.shape[0] - 1, drafter.stats.drafted_per_step[-1]))
-            drafter.extend(verified)
             if self.sizer is not None:
                 if self.step_started is not None:  # the loop's own time for a verify step of that width
                     started, width = self.step_started
