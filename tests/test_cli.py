@@ -171,7 +171,7 @@ def no_benchmark(monkeypatch):
     def ran(*args, **kwargs):
         raise AssertionError("the benchmark ran before the bad option was refused")
 
-    monkeypatch.setattr(e2e, "bench_workload", ran)
+    monkeypatch.setattr(e2e, "bench_model", ran)
 
 
 @pytest.mark.parametrize("flags", [["--quick", "--requests", "0"], ["--requests", "-2"], ["--quick", "--max-new-tokens", "0"]])
