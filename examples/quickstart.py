@@ -53,7 +53,7 @@ for name, extra in [("plain greedy", {}), ("LookupDrafter", {"assistant_model": 
     seconds = time.perf_counter() - start
     new = out.shape[1] - input_ids.shape[1]
     results[name] = out
-    tau = extra["assistant_model"].stats.tokens_per_step if extra else 1.0
+    tau = extra["assistant_model"].stats.tau if extra else 1.0
     print(f"{name:14s} {new} tokens in {seconds:.2f} s = {new / seconds:6.1f} tokens/s, {tau:.2f} tokens per forward pass")
 
 assert results["plain greedy"].tolist() == results["LookupDrafter"].tolist(), "outputs differ"

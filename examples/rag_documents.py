@@ -52,5 +52,5 @@ for name, drafter in [("no documents", LookupDrafter(memory=False)), ("with the 
     seconds = time.perf_counter() - start
     outputs.append(out)
     new = out.shape[1] - input_ids.shape[1]
-    print(f"{name:17s} {new / seconds:6.1f} tokens/s, {drafter.stats.tokens_per_step:.2f} tokens per forward pass")
+    print(f"{name:17s} {new / seconds:6.1f} tokens/s, {drafter.stats.tau:.2f} tokens per forward pass")
 assert outputs[0].tolist() == outputs[1].tolist(), "outputs differ"

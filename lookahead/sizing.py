@@ -155,7 +155,7 @@ class DraftSizer:
         self.failed[m] = self.fade * self.failed[m] + failed
         self.overall = self.fade * self.overall + (kept, failed)
 
-    def tree_nodes(self, chain_size: int, max_nodes: int) -> int:
+    def tree_nodes(self, chain_size: int, max_tree_nodes: int) -> int:
         """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
 
         As many as cost no more than that chain: the heaviest nodes beyond the chain's are
@@ -168,7 +168,7 @@ class DraftSizer:
         if chain_size == 0:
             return 0
         limit = self.costs[chain_size + 1]
-        nodes = min(max_nodes, self.costs.shape[0] - 2)
+        nodes = min(max_tree_nodes, self.costs.shape[0] - 2)
         while nodes > chain_size and self.costs[nodes + 1] > limit:
             nodes -= 1
         return nodes
