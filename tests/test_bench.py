@@ -138,6 +138,8 @@ def test_bad_bench_input_is_refused_in_one_line(tmp_path, capsys, argv, message)
     assert message in err and len(err.splitlines()) == 1, err
 
 
-def test_vocab_size_is_refused_without_traces(capsys):
-    assert main(["bench", "--vocab-size", "100"]) == 2
-    assert "--vocab-size is for --traces" in capsys.readouterr().err
+@pytest.mark.parametrize("argv", [[], ["--model", "unused"]])
+def test_vocab_size_is_refused_where_it_would_be_ignored(tmp_path, capsys, argv):
+    extra = ["--traces", str(write_traces(tmp_path))] if argv else []
+    assert main(["bench", "--vocab-size", "100", *argv, *extra]) == 2
+    assert "--vocab-size sets the forced model's vocabulary with --traces" in capsys.readouterr().err

@@ -144,6 +144,8 @@ def parse_dtypes(spec: str | None, *, device: str, traces: bool) -> list[torch.d
 
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
     """Per workload (or trace file), its requests; and the forced model's vocabulary (None with --model)."""
+    if args.vocab_size is not None and (args.model or not args.traces):
+        raise ValueError("--vocab-size sets the forced model's vocabulary with --traces (the built-in workloads and --model bring their own)")
     if args.model:
         import transformers
 
@@ -164,8 +166,6 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
             raise ValueError(f"--vocab-size must be >= 2, got {vocab}")
         return {name: [_forced_trace_task(r, args.max_new_tokens) for r in requests]
                 for name, requests in _read_traces(args.traces, args.requests, vocab).items()}, vocab
-    if args.vocab_size is not None:
-        raise ValueError("--vocab-size is for --traces: the built-in workloads use their own tokenizer's")
     bpe = wl.tokenizer()
     pairs = wl.make_workloads(requests=args.requests)
     eos = bpe.token_to_id(wl.EOS)
