@@ -59,8 +59,10 @@ class LookupDrafter:
 
     Each draft merges the continuations of many earlier occurrences into a weighted trie
     (`_fill_trie`): longer matches weigh more, agreeing occurrences add up, and after a
-    token the model replaced, copying resumes where it left off. A chain is the
-    trie's heaviest path, a tree its heaviest nodes.
+    token the model replaced, copying resumes where it left off. What the model copies
+    from its prompt it copies from where the text first appeared there; what it repeats
+    of its own output, from where it last wrote it. A chain is the trie's heaviest path,
+    a tree its heaviest nodes.
 
     Lifecycle (what a verification loop calls): `reset(prompt_ids)`, then per step
     `propose(num_draft_tokens)` (or `propose_tree`) and `extend(verified_ids)`; `stats`
@@ -140,6 +142,9 @@ class LookupDrafter:
         # a chain needs the few best; a tree's extra branches come from the rest.
         self.chain_walk = (8, 4)
         self.tree_walk = (64, 16)
+        # Occurrences searched for a prompt-only match's first occurrence: O(first_reach * max_ngram) per draft.
+        self.first_reach = 64
+        self._prompt_len = 0  # the current request's prompt: index.tokens[:_prompt_len]
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
@@ -232,6 +237,7 @@ class LookupDrafter:
             self.index.clear()
             self._owner = threading.get_ident()
             self.index.extend(prompt_ids)
+            self._prompt_len = len(self.index)
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
             self.stats = DraftStats()
 
@@ -249,16 +255,19 @@ class LookupDrafter:
         """Drafts a chain of up to `num_draft_tokens` tokens (at most, and by default, the drafter's own).
 
         The chain is the heaviest path of the candidate trie (see `_fill_trie`): where
-        candidates disagree, the continuation of longer and more frequent matches wins;
+        the longest match occurs only in the prompt, what followed its first occurrence
+        there (unless a document or memory matches 2+ tokens longer); otherwise, where
+        candidates disagree, the continuation of longer and more frequent matches wins,
         among equals the request's own most recent occurrence. A draft anchored on an
         match_len-token match has at most ceil(draft_factor * match_len) tokens.
-        Cost: O(walk * max_ngram) to find anchors, O(walk * num_draft_tokens) to merge them.
+        Cost: O(walk * max_ngram) to find anchors, O(walk * num_draft_tokens) to merge them,
+        O(first_reach * max_ngram) to find a first occurrence.
         """
         self._check_thread()
         limit = self._limit(num_draft_tokens)
         if limit == 0:
             return EMPTY_DRAFT
-        match_len = self._fill_trie(limit, *self.chain_walk)
+        match_len = self._fill_trie(limit, *self.chain_walk, first_only=True)
         token_ids = self._trie.path(min(limit, math.ceil(self.draft_factor * match_len)))
         return Draft.chain(token_ids, match_len) if token_ids.shape[0] else EMPTY_DRAFT
 
@@ -274,14 +283,23 @@ class LookupDrafter:
         limit = self._limit(num_draft_tokens)
         if limit == 0 or max_tree_nodes < 1:
             return EMPTY_DRAFT
-        match_len = self._fill_trie(limit, *self.tree_walk)
+        match_len = self._fill_trie(limit, *self.tree_walk, first_only=False)
         token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY)
         return Draft(token_ids, parents, match_len) if token_ids.shape[0] else EMPTY_DRAFT
 
-    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int) -> int:
+    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool) -> int:
         """Rebuilds the candidate trie; returns the longest match_len anchoring a candidate (0: none).
 
         Candidates are what followed, up to `num_draft_tokens` tokens:
+        - where the longest match occurs only in the prompt (the model is copying it),
+          its first occurrence there (found among the `first_reach` most recent
+          occurrences of the last token), weighted MATCH_BASE ** match_len, added
+          first. A summary restates a sentence, a name's first full mention, an edit
+          rewrites a line, from where the prompt introduced them (transformers' prompt
+          lookup always drafts from a first occurrence). With `first_only` (chains) it is
+          the request's only candidate then, and competes with the stores' alone; a tree
+          hedges with all of the below too. The model's own text it repeats from where it
+          last wrote it, hence:
         - each of the `walk` most recent occurrences of the current suffix in the request
           (and its longest match wherever it is), weighted MATCH_BASE ** match_len;
         - substitutions: the `substitution_walk` most recent occurrences of the suffix
@@ -291,13 +309,15 @@ class LookupDrafter:
           after that, the model skipped a token (a line break of reflowed text): continued
           after it, weighted SKIP_SCALE as much;
         - the stores' longest matches (documents, then memory), weighted STORE_SCALE as much.
-        Ties between equal weights go to the earlier added: the most recent occurrence.
+        Ties between equal weights go to the earlier added: the prompt's first occurrence,
+        then the most recent.
         """
         trie = self._trie
         trie.clear()
         match_len, substituted = trie.add_suffix_candidates(
             self.index.buffers(), num_draft_tokens, walk=walk, substitution_walk=substitution_walk,
             match_base=MATCH_BASE, substitution_scale=SUBSTITUTION_SCALE, skip_scale=SKIP_SCALE,
+            source_len=self._prompt_len, first_reach=self.first_reach, first_only=first_only,
         )
         if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
             recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)

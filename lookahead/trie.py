@@ -99,11 +99,38 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
     out[0], out[1], out[2] = count, best_len, best_end
 
 
+@njit(cache=True, inline="always")
+def _oldest_occurrence(tokens, prev, n, first_end, length, reach):
+    # The oldest of the `reach` occurrences on the prev chain from first_end (most recent
+    # first) whose last `length` tokens equal tokens[n - length : n]; -1 if none of them does.
+    oldest = -1
+    end = first_end
+    walked = 0
+    while end >= 0 and walked < reach:
+        m = 0
+        while m < length and m <= end and tokens[end - m] == tokens[n - 1 - m]:
+            m += 1
+        if m == length:
+            oldest = end
+        end = prev[end]
+        walked += 1
+    return oldest
+
+
 @njit(cache=True)
-def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, substitution_scale,
-                          skip_scale, match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, ends, out):
+def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, source_len, first_reach,
+                          first_only, substitution_scale, skip_scale, match_base, num_draft_tokens, eos, limit, token, parent,
+                          weight, child, sibling, count, ends, out):
     """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
 
+    - The source's first occurrence: where the longest match occurs only in
+      tokens[:source_len] (the prompt: the model is copying its source), the earliest of
+      its occurrences among the `first_reach` most recent occurrences of the last
+      min_ngram tokens, weighing match_weight**(longest), added first (it wins ties). A
+      source is copied from where a text was introduced (the sentence a summary
+      restates, a name's first full mention, the line an edit rewrites); the model's own
+      text from where it last wrote it (the walk below). With first_only, it is the
+      only candidate added when found. first_reach = 0 or source_len = 0: none.
     - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
       weighing match_base**m for its m-token match; the longest match (the table's,
       kernels.match_ends) is added even when the walk does not reach it.
@@ -113,13 +140,21 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
       Where the last token is instead the one after that (the model skipped a token, such
       as a line break of its source), the tokens after it; skip_scale * match_base**m.
     Writes (count, longest match, longest substitution match) to out; `ends` (max_ngram + 1,)
-    is scratch. The caller guarantees room for (walk + substitution_walk + 1) * num_draft_tokens nodes.
-    Cost: O((walk + substitution_walk) * (max_ngram + num_draft_tokens * branching)).
+    is scratch. The caller guarantees room for (walk + substitution_walk + 2) * num_draft_tokens nodes.
+    Cost: O((walk + substitution_walk) * (max_ngram + num_draft_tokens * branching) + first_reach * max_ngram).
     """
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
         return
     match_len = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
+    if match_len and ends[match_len] < source_len:  # its most recent occurrence is in the source: all are
+        first = _oldest_occurrence(tokens, prev, n, ends[min_ngram], match_len, first_reach)
+        if first >= 0:
+            count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, eos, limit,
+                              token, parent, weight, child, sibling, count)
+            if first_only:
+                out[0], out[1] = count, match_len
+                return
     if match_len:
         _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_base, num_draft_tokens,
                          eos, limit, token, parent, weight, child, sibling, count, out)
@@ -249,15 +284,18 @@ class DraftTrie:
         self._count = add_paths(source, starts, weights, num_draft_tokens, self.eos, self.vocab_limit, *self._buffers(), self._count)
 
     def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
-                              match_base: float, substitution_scale: float, skip_scale: float = 0.0) -> tuple[int, int]:
+                              match_base: float, substitution_scale: float, skip_scale: float = 0.0, source_len: int = 0,
+                              first_reach: int = 0, first_only: bool = False) -> tuple[int, int]:
         """Adds the continuations of the current suffix of `index` (TokenIndex.buffers(); see the kernel of that name).
 
+        `source_len`: the index's first tokens that are the source (the prompt), 0 for none.
         Returns (longest match_len, longest substitution match_len); 0 where none.
         """
-        self._reserve(self._count + (walk + substitution_walk + 1) * max(num_draft_tokens, 0))
+        self._reserve(self._count + (walk + substitution_walk + 2) * max(num_draft_tokens, 0))
         add_suffix_candidates(
             index.tokens, index.prev, index.table, index.n, index.min_ngram, index.max_ngram, walk, substitution_walk,
-            substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos, self.vocab_limit, *self._buffers(), self._count, self._ends, self._out,
+            source_len, first_reach, first_only, substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos,
+            self.vocab_limit, *self._buffers(), self._count, self._ends, self._out,
         )
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
@@ -323,7 +361,8 @@ def warm_up() -> int:
     index.extend([4, 5, 4, 6, 9, 4])
     buffers = index.buffers()
     trie = DraftTrie()
-    trie.add_suffix_candidates(buffers, 2, walk=4, substitution_walk=4, match_base=2.0, substitution_scale=0.5, skip_scale=1.0)
+    trie.add_suffix_candidates(buffers, 2, walk=4, substitution_walk=4, match_base=2.0, substitution_scale=0.5, skip_scale=1.0,
+                               source_len=6, first_reach=4)
     trie.add(np.array([4, 7, 8], dtype=np.int64), np.array([1]), np.array([1.0]), 2)
     trie.add(buffers.tokens, np.array([1]), np.array([1.0]), 2)
     trie.add_longest_match(buffers, buffers.tokens[:3], 2, match_base=2.0, stop_token=9)

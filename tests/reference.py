@@ -31,16 +31,42 @@ def trie_weights(candidates, eos=(), vocab_limit=2**31):
     weights = {}
     for tokens, weight in candidates:
         path = ()
-        for token in tokens:
-            if token in eos or token >= vocab_limit:
-                break
+        for token in _cut(tokens, eos, vocab_limit):
             path += (token,)
             weights[path] = weights.get(path, 0.0) + weight
     return weights
 
 
-def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale, skip_scale=0.0):
-    """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force."""
+def _cut(tokens, eos, vocab_limit):
+    """tokens up to the first EOS or id at or above vocab_limit."""
+    kept = []
+    for token in tokens:
+        if token in eos or token >= vocab_limit:
+            break
+        kept.append(token)
+    return kept
+
+
+def heaviest_path(candidates, vocab_limit=2**31):
+    """The path that follows the heaviest child at each level; among equals the child the earliest candidate created.
+
+    Candidates are cut before an id at or above vocab_limit, as the trie cuts them."""
+    candidates = [(_cut(tokens, (), vocab_limit), weight) for tokens, weight in candidates]
+    path = ()
+    while True:
+        weights = {}  # next token -> summed weight, in order of the first candidate through it
+        for tokens, weight in candidates:
+            if len(tokens) > len(path) and tuple(tokens[: len(path)]) == path:
+                weights[tokens[len(path)]] = weights.get(tokens[len(path)], 0.0) + weight
+        if not weights:
+            return path
+        best = max(weights.values())
+        path += (next(t for t, w in weights.items() if w == best),)
+
+
+def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale, skip_scale=0.0,
+                      source_len=0, first_reach=0, first_only=False):
+    """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force, in the order added."""
     tokens = list(tokens)
     n = len(tokens)
     if n < 2:
@@ -59,9 +85,15 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
         return [e for e in range(query_end - 1, min_ngram - 2, -1) if tokens[e - min_ngram + 1 : e + 1] == gram]
 
     candidates = []
+    length, end = longest_match(tokens, min_ngram, max_ngram)
+    if length and end < source_len:  # the longest match occurs in the source only: its first occurrence there
+        reached = [e for e in occurrences(n - 1)[:first_reach] if agree(e, n - 1) >= length]
+        if reached:
+            candidates.append((tokens[reached[-1] + 1 : reached[-1] + 1 + depth], match_weight**length))
+            if first_only:
+                return candidates
     walked = [(e, agree(e, n - 1)) for e in occurrences(n - 1)[:walk]]
     candidates += [(tokens[e + 1 : e + 1 + depth], match_weight**m) for e, m in walked]
-    length, end = longest_match(tokens, min_ngram, max_ngram)
     if length and max((m for _, m in walked), default=0) < length:
         candidates.append((tokens[end + 1 : end + 1 + depth], match_weight**length))
     for e in occurrences(n - 2)[:substitution_walk]:

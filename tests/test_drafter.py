@@ -6,13 +6,28 @@ from lookahead import Draft, DraftStats, LookupDrafter, TokenStore
 
 def test_propose_copies_what_followed_the_longest_most_recent_match():
     drafter = LookupDrafter(num_draft_tokens=4, min_ngram=1, max_ngram=4)
-    drafter.reset([7, 1, 2, 3, 8, 1, 2, 4, 9, 1, 2])
+    drafter.reset([7, 1, 2, 3, 8])
+    drafter.extend([1, 2, 4, 9, 1, 2])  # the output repeats itself: [1, 2] most recently followed by 4
     draft = drafter.propose()
-    assert draft.token_ids.tolist() == [4, 9, 1, 2]  # [1, 2] most recently followed by 4
+    assert draft.token_ids.tolist() == [4, 9, 1, 2]
     assert draft.parents.tolist() == [-1, 0, 1, 2]
     assert draft.match_len == 2
     drafter.extend([3])  # the suffix [1, 2, 3] occurred at the start, followed by 8
     assert drafter.propose().token_ids.tolist() == [8, 1, 2, 4]
+
+
+def test_a_match_found_only_in_the_prompt_copies_its_first_occurrence():
+    # [1, 2] is followed by 3 where the prompt introduced it, then twice by 4
+    prompt = [1, 2, 3, 5, 1, 2, 4, 6, 1, 2, 4, 0, 1, 2]
+    drafter = LookupDrafter(num_draft_tokens=4, memory=False)
+    drafter.reset(prompt)
+    assert drafter.propose().token_ids.tolist() == [3, 5, 1, 2]  # the chain copies the first occurrence
+    tree = drafter.propose_tree()  # the tree hedges: both continuations, the first one's ahead
+    assert tree.token_ids[tree.parents == -1].tolist() == [3, 4]
+    # once the output holds the match too, the model is repeating itself: the most recent occurrence wins
+    drafter.reset(prompt[:4])
+    drafter.extend(prompt[4:])
+    assert drafter.propose().token_ids.tolist() == [4, 0, 1, 2]
 
 
 def test_propose_respects_num_draft_tokens_and_returns_the_empty_draft_without_a_match():
@@ -101,9 +116,17 @@ def root_paths(draft):
     return set(paths)
 
 
+def test_a_much_longer_match_in_a_document_outweighs_the_prompts_first_occurrence():
+    drafter = LookupDrafter(num_draft_tokens=2, memory=False)
+    drafter.add_document([40, 41, 42, 43, 44, 45, 7, 50, 51])
+    drafter.reset([7, 30, 31, 40, 41, 42, 43, 44, 45, 7])  # the prompt matches [7] only, the document 7 tokens
+    assert drafter.propose().token_ids.tolist() == [50, 51]
+
+
 def test_tree_holds_the_chain_and_branches_to_other_occurrences():
     drafter = LookupDrafter(num_draft_tokens=4, draft_factor=4, memory=False)
-    drafter.reset([5, 1, 2, 6, 7, 1, 2, 8, 9, 1, 2])
+    drafter.reset([5, 1, 2, 6, 7])
+    drafter.extend([1, 2, 8, 9, 1, 2])
     chain = drafter.propose()
     tree = drafter.propose_tree()
     assert chain.token_ids.tolist() == [8, 9, 1, 2]
@@ -116,11 +139,13 @@ def test_tree_holds_the_chain_and_branches_to_other_occurrences():
 
 def test_chain_follows_the_continuation_most_occurrences_agree_on():
     drafter = LookupDrafter(num_draft_tokens=2, draft_factor=2, memory=False)
-    # [3] is followed by 4 twice and, most recently, by 9 once
-    drafter.reset([3, 4, 0, 3, 4, 1, 3, 9, 2, 3])
+    # [3] is followed by 4 twice and, most recently, by 9 once (in the output: no first occurrence decides)
+    drafter.reset([3, 4, 0])
+    drafter.extend([3, 4, 1, 3, 9, 2, 3])
     assert drafter.propose().token_ids.tolist() == [4, 1]
     # a longer match outweighs frequency: [2, 3] occurred once, followed by 7
-    drafter.reset([3, 4, 0, 3, 4, 1, 2, 3, 7, 5, 2, 3])
+    drafter.reset([3, 4, 0])
+    drafter.extend([3, 4, 1, 2, 3, 7, 5, 2, 3])
     assert drafter.propose().token_ids.tolist()[0] == 7
 
 

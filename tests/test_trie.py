@@ -71,19 +71,44 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     depth=st.integers(1, 5),
     skip_scale=st.sampled_from([0.0, 1.0]),
     vocab_limit=st.sampled_from([trie_module.NO_VOCAB_LIMIT, 3]),
+    source_len=st.integers(0, 60),
+    first_reach=st.sampled_from([0, 2, 100]),
+    first_only=st.booleans(),
 )
-def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth, skip_scale, vocab_limit):
+def test_suffix_candidates_equal_brute_force(tokens, min_ngram, walk, substitution_walk, depth, skip_scale, vocab_limit, source_len,
+                                             first_reach, first_only):
     index = TokenIndex(min_ngram=min_ngram, max_ngram=4)
     index.extend(tokens)
     trie = DraftTrie()
     trie.vocab_limit = vocab_limit
     longest, substituted = trie.add_suffix_candidates(
         index.buffers(), depth, walk=walk, substitution_walk=substitution_walk, match_base=2.0, substitution_scale=0.25,
-        skip_scale=skip_scale,
+        skip_scale=skip_scale, source_len=source_len, first_reach=first_reach, first_only=first_only,
     )
-    candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25, skip_scale)
+    candidates = reference.suffix_candidates(tokens, min_ngram, 4, walk, substitution_walk, depth, 2.0, 0.25, skip_scale,
+                                             source_len, first_reach, first_only)
     assert node_weights(trie) == pytest.approx(reference.trie_weights(candidates, vocab_limit=vocab_limit))
     assert longest == reference.longest_match(tokens, min_ngram, 4)[0]
+    # the heaviest path's ties go to the earliest added candidate
+    path = tuple(trie.path(depth).tolist())
+    assert path == reference.heaviest_path(candidates, vocab_limit=vocab_limit)
+
+
+def test_the_first_occurrence_of_a_source_only_match_leads_the_chain():
+    index = TokenIndex(min_ngram=1, max_ngram=4)
+    index.extend([1, 2, 3, 0, 1, 2, 4, 5, 1, 2, 4, 6, 1, 2])  # [1, 2]: followed by 3 first, then twice by 4
+    trie = DraftTrie()
+    trie.add_suffix_candidates(index.buffers(), 3, walk=8, substitution_walk=4, match_base=2.0, substitution_scale=0.25,
+                               source_len=len(index), first_reach=64, first_only=True)
+    assert trie.path(3).tolist() == [3, 0, 1]
+    trie.clear()  # with a source of 5 tokens [1, 2] occurs after it too: no first occurrence
+    trie.add_suffix_candidates(index.buffers(), 3, walk=8, substitution_walk=4, match_base=2.0, substitution_scale=0.25,
+                               source_len=5, first_reach=64, first_only=True)
+    assert trie.path(3).tolist()[0] == 4
+    trie.clear()  # out of reach (the third most recent): the oldest of two reached is followed by 4
+    trie.add_suffix_candidates(index.buffers(), 3, walk=8, substitution_walk=4, match_base=2.0, substitution_scale=0.25,
+                               source_len=len(index), first_reach=2, first_only=True)
+    assert trie.path(3).tolist()[0] == 4
 
 
 def test_depth_decay_buys_a_branch_before_a_long_chain_ends():
