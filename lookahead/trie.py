@@ -126,11 +126,13 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
     - The source's first occurrence: where the longest match occurs only in
       tokens[:source_len] (the prompt: the model is copying its source), the earliest of
       its occurrences among the `first_reach` most recent occurrences of the last
-      min_ngram tokens, weighing match_weight**(longest), added first (it wins ties). A
+      min_ngram tokens, weighing match_base**(longest), added first (it wins ties). A
       source is copied from where a text was introduced (the sentence a summary
       restates, a name's first full mention, the line an edit rewrites); the model's own
       text from where it last wrote it (the walk below). With first_only, it is the
-      only candidate added when found. first_reach = 0 or source_len = 0: none.
+      only candidate added when found, unless its continuation runs into the end of
+      tokens[:n] before num_draft_tokens (a periodic text: the other occurrences go on).
+      first_reach = 0 or source_len = 0: none.
     - Matches: the `walk` most recent occurrences of the last min_ngram tokens, each
       weighing match_base**m for its m-token match; the longest match (the table's,
       kernels.match_ends) is added even when the walk does not reach it.
@@ -152,7 +154,7 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
         if first >= 0:
             count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, eos, limit,
                               token, parent, weight, child, sibling, count)
-            if first_only:
+            if first_only and first + 1 + num_draft_tokens <= n:
                 out[0], out[1] = count, match_len
                 return
     if match_len:

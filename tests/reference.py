@@ -90,7 +90,7 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
         reached = [e for e in occurrences(n - 1)[:first_reach] if agree(e, n - 1) >= length]
         if reached:
             candidates.append((tokens[reached[-1] + 1 : reached[-1] + 1 + depth], match_weight**length))
-            if first_only:
+            if first_only and reached[-1] + 1 + depth <= n:
                 return candidates
     walked = [(e, agree(e, n - 1)) for e in occurrences(n - 1)[:walk]]
     candidates += [(tokens[e + 1 : e + 1 + depth], match_weight**m) for e, m in walked]
