@@ -64,7 +64,7 @@ def heaviest_path(candidates, vocab_limit=2**31):
         path += (next(t for t, w in weights.items() if w == best),)
 
 
-def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_weight, substitution_scale, skip_scale=0.0,
+def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_base, substitution_scale, skip_scale=0.0,
                       source_len=0, first_reach=0, first_only=False):
     """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force, in the order added."""
     tokens = list(tokens)
@@ -89,17 +89,17 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
     if length and end < source_len:  # the longest match occurs in the source only: its first occurrence there
         reached = [e for e in occurrences(n - 1)[:first_reach] if agree(e, n - 1) >= length]
         if reached:
-            candidates.append((tokens[reached[-1] + 1 : reached[-1] + 1 + depth], match_weight**length))
+            candidates.append((tokens[reached[-1] + 1 : reached[-1] + 1 + depth], match_base**length))
             if first_only and reached[-1] + 1 + depth <= n:
                 return candidates
     walked = [(e, agree(e, n - 1)) for e in occurrences(n - 1)[:walk]]
-    candidates += [(tokens[e + 1 : e + 1 + depth], match_weight**m) for e, m in walked]
+    candidates += [(tokens[e + 1 : e + 1 + depth], match_base**m) for e, m in walked]
     if length and max((m for _, m in walked), default=0) < length:
-        candidates.append((tokens[end + 1 : end + 1 + depth], match_weight**length))
+        candidates.append((tokens[end + 1 : end + 1 + depth], match_base**length))
     for e in occurrences(n - 2)[:substitution_walk]:
         m = agree(e, n - 2)
         if m >= 2 and skip_scale > 0 and e + 2 < n - 1 and tokens[e + 2] == tokens[n - 1]:  # a skipped token
-            candidates.append((tokens[e + 3 : e + 3 + depth], skip_scale * match_weight**m))
+            candidates.append((tokens[e + 3 : e + 3 + depth], skip_scale * match_base**m))
         elif m >= 2:
-            candidates.append((tokens[e + 2 : e + 2 + depth], substitution_scale * match_weight**m))
+            candidates.append((tokens[e + 2 : e + 2 + depth], substitution_scale * match_base**m))
     return candidates
