@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lookahead import verify_costs
+from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.sizing import DraftSizer, StepCosts, cost_curve
 from tests.models import tiny_model
@@ -86,6 +87,31 @@ def test_calibration_is_relative_to_one_token_and_cached():
     assert (verify_costs(model) == costs).all()
     assert step_costs(model).relative()[1] == 1.0
     assert tree_cost_16(model) > 0
+
+
+def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_block_below_one_token(monkeypatch):
+    model = tiny_model("llama")
+    monkeypatch.setattr(calibration, "_TIMES", {})  # calibrated afresh, and the cache restored afterwards
+    widths = []  # the block width of each forward pass, in order
+    forward = type(model).__call__
+    monkeypatch.setattr(type(model), "__call__", lambda self, **kw: widths.append(kw["input_ids"].shape[1]) or forward(self, **kw))
+
+    def scripted(model, run):
+        # Made-up step times: width w costs 0.1 + 0.01 * w s, but another process stalls two of
+        # the three timed rounds of one token (+5 s; the first round warms up; a median would
+        # keep a stalled one) and width 64 reads 20x too fast.
+        run()
+        width = widths[-1]
+        if width == 64:
+            return 0.005
+        return 0.1 + 0.01 * width + (5.0 if width == 1 and widths.count(1) in (2, 3) else 0.0)
+
+    monkeypatch.setattr(calibration, "_timed", scripted)
+    costs = verify_costs(model)
+    assert costs[1] == 1.0
+    assert costs[16] == pytest.approx((0.1 + 0.16) / 0.11)  # the stalled rounds did not count
+    assert costs[64] == 1.0  # measured 20x cheaper than one token: priced as one token
+    assert tree_cost_16(model) == pytest.approx((0.1 + 0.16) / 0.11)
 
 
 SECONDS = np.array([0.10, 0.10, 0.12, 0.16, 0.24, 0.40, 0.72])  # a calibration: 16 tokens cost 2.4x one
