@@ -5,16 +5,20 @@ here that fails the day transformers renames the function or its locals.
   `config` getter refuses beam search, static caches and encoder-decoders there;
 - the candidate generator's `__init__` (input_ids, model_kwargs): its `device` getter
   refuses batches and static cache objects there;
+- `_assisted_decoding` (stopping_criteria): drafts are cut before a token that completes
+  a stop string, which the loop checks on a block's last token only;
 - `generate` (streamer): transformers does not forward a streamer to custom_generate.
 """
 
+import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
 from tests.cases import Collect, story_prompt
-from tests.models import stories_model, tiny_model
+from tests.models import STORIES, stories_model, tiny_model
 
 
 @pytest.mark.parametrize(
@@ -65,3 +69,18 @@ def test_generate_frame_gives_custom_generate_the_streamer():
                          max_new_tokens=30, do_sample=False, streamer=streamer)
     assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
     assert [t for c in streamer.chunks[1:-1] for t in c] == out[0, len(prompt) :].tolist()
+
+
+def test_assisted_decoding_frame_gives_the_stop_strings_a_draft_is_cut_before():
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = story_prompt(model)
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False)[0, len(prompt) :].tolist()
+    stop = tokenizer.decode(plain_ids).split()[8]  # a word the model writes again, deep in a long accepted block
+    drafter = LookupDrafter(draft_factor=16, cost_aware=False)
+    out = model.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=60, do_sample=False,
+                         stop_strings=stop, tokenizer=tokenizer)
+    assert [c.stop_strings for c in drafter._transformers().stop_strings] == [(stop,)]
+    new = out[0, len(prompt) :].tolist()
+    assert new == plain_ids[: len(new)]
+    assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1])

@@ -1,8 +1,9 @@
 """Streaming, logits processors, reuse and refused options through model.generate(assistant_model=...)."""
 
+import numpy as np
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TextStreamer
+from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, TextStreamer
 
 from lookahead import LookupDrafter, UnsupportedGenerationError
 from tests import cases
@@ -140,3 +141,22 @@ def test_num_return_sequences_is_refused_naming_the_option(do_sample):
     with pytest.raises(ValueError, match="num_return_sequences"):
         model.generate(torch.tensor([[5, 6]]), assistant_model=LookupDrafter(), max_new_tokens=3, do_sample=do_sample,
                        num_return_sequences=2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stop_strings_inside_accepted_blocks_stop_where_plain_generate_stops(seed):
+    # Randomized: one or two stop strings of 1 to 60 tokens from anywhere in the output.
+    rng = np.random.default_rng(seed)
+    model = stories_model()
+    tokenizer = AutoTokenizer.from_pretrained(STORIES)
+    prompt = cases.story_prompt(model, length=int(rng.integers(20, 70)), repeat=int(rng.integers(1, 8)))
+    plain_ids = model.generate(torch.tensor([prompt]), max_new_tokens=110, do_sample=False)[0, len(prompt) :].tolist()
+    stops = []
+    for _ in range(int(rng.integers(1, 3))):
+        start = int(rng.integers(0, 30))
+        stops.append(tokenizer.decode(plain_ids[start : start + int(rng.integers(1, 61))]))
+    options = dict(max_new_tokens=90, do_sample=False, stop_strings=stops, tokenizer=tokenizer)
+    expected = model.generate(torch.tensor([prompt]), **options)
+    drafter = LookupDrafter(draft_factor=16, cost_aware=bool(seed % 2))
+    got = model.generate(torch.tensor([prompt]), assistant_model=drafter, **options)
+    assert got.tolist() == expected.tolist(), stops

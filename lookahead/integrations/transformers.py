@@ -19,10 +19,16 @@ What the candidate generator relies on, and how we answer:
   candidate generator. Their getters read the caller's arguments there (its frame) to
   refuse what the loop cannot do with a clear message, and to learn the target model.
 
+- Stop strings: the loop checks its stopping criteria after each step, on the sequence's
+  last token only, so a stop string completed inside an accepted block would be missed.
+  A draft is therefore cut before its first token that completes one (`first_stop`): if
+  the model writes that token, it is the step's own, the block's last, and the loop sees it.
+
 Frames read (each has a test in tests/test_transformers_frames.py that fails the day
 transformers moves it): `_validate_generation_mode` (locals self, generation_mode,
-generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwargs) and
-`generate` (streamer, which transformers does not forward to a custom_generate).
+generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwargs),
+`_assisted_decoding` (stopping_criteria) and `generate` (streamer, which transformers
+does not forward to a custom_generate).
 """
 
 import sys
@@ -34,6 +40,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from transformers import DynamicCache, GenerationConfig
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.sizing import DraftSizer, plan_step
@@ -67,6 +74,7 @@ class TransformersAssistant:
         self.sizer: DraftSizer | None = None  # the request's sizer when cost_aware
         self.sized = None  # (chain draft, tokens of it offered, position) of the last step, for the sizer
         self.step_started = None  # (perf_counter, block width) of the last step, timed when it follows the prefill
+        self.stop_strings: list[StopStringCriteria] = []  # the request's, from the loop's stopping criteria
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -128,8 +136,13 @@ class TransformersAssistant:
             )
         # One step at a time: between this request's steps another thread's request may
         # start (reset); then this request's next extend raises, before any state is read.
+        new_request = "cache" not in kwargs
+        if new_request:
+            loop = caller_locals("_assisted_decoding")
+            criteria = loop.get("stopping_criteria") if loop is not None else None
+            self.stop_strings = [c for c in criteria or () if isinstance(c, StopStringCriteria)]
         with self.drafter.exclusive():
-            return self._step(input_ids, max_new_tokens, generation_config, new_request="cache" not in kwargs)
+            return self._step(input_ids, max_new_tokens, generation_config, new_request=new_request)
 
     def _step(self, input_ids, max_new_tokens: int, generation_config, *, new_request: bool):
         drafter = self.drafter
@@ -155,9 +168,12 @@ class TransformersAssistant:
         self.indexed = input_ids.shape[1]
 
         chain, draft, size = plan_step(drafter, self.sizer, max_new_tokens)
+        token_ids = draft.token_ids
+        if self.stop_strings and token_ids.shape[0]:
+            token_ids = token_ids[: first_stop(self.stop_strings, input_ids[0], token_ids)]
+            size = min(size, token_ids.shape[0])
         self.sized = (chain, size, self.indexed) if self.sizer is not None and len(chain) else None
         sampling = bool(generation_config.do_sample)
-        token_ids = draft.token_ids
         if sampling and token_ids.shape[0] == 0 and max_new_tokens > 0:
             # The sampling branch needs at least one candidate (an empty block breaks its
             # slicing); the last token is a free guess: a wrong one costs one verified position.
@@ -201,6 +217,29 @@ def streamer_dropped_by_transformers():
     """
     caller = caller_locals("generate")
     return caller.get("streamer") if caller is not None else None
+
+
+def first_stop(criteria: list[StopStringCriteria], sequence: torch.Tensor, draft: np.ndarray) -> int:
+    """The first i at which sequence + draft[: i + 1] ends in a completed stop string; len(draft) if none.
+
+    One call per criterion, batched over the draft's prefixes: row i holds the last
+    `maximum_token_len` tokens of sequence + draft[: i + 1] (the most a criterion reads; it
+    matches at the end of its input), padded on the left with an id past the criterion's
+    vocabulary, which matches nothing. Cost: O(len(draft) * maximum_token_len) per criterion.
+    """
+    k = draft.shape[0]
+    for criterion in criteria:
+        window = criterion.maximum_token_len
+        no_match = criterion.embedding_vec.shape[0] - 1  # the criterion's dummy row: ids past its vocabulary land there
+        tail = sequence[-window:].tolist()
+        ids = torch.full((k, window), no_match, dtype=torch.long)
+        for i in range(k):
+            row = (tail + draft[: i + 1].tolist())[-window:]
+            ids[i, window - len(row) :] = torch.tensor(row)
+        done = criterion(ids.to(sequence.device), None).nonzero()
+        if done.numel():
+            k = int(done[0, 0])
+    return k
 
 
 # -- caches and model capabilities -----------------------------------------------------------
