@@ -25,6 +25,8 @@ generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwar
 `generate` (streamer, which transformers does not forward to a custom_generate).
 """
 
+import copy
+import functools
 import sys
 import threading
 import time
@@ -33,7 +35,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.sizing import DraftSizer, plan_step
@@ -221,6 +225,51 @@ def keep_cache_positions(cache: DynamicCache, positions: torch.Tensor) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(-2, positions.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, positions.to(layer.values.device))
+
+
+def gather_cache_rows(cache: DynamicCache, rows: torch.Tensor, positions: torch.Tensor) -> None:
+    """Keeps the batch rows `rows` ((kept,) int64) and, in row i, the cached positions positions[i] ((kept, length) int64), in every layer."""
+    for layer in cache.layers:
+        index = positions.to(layer.keys.device)[:, None, :, None]
+        keys, values = layer.keys.index_select(0, rows.to(layer.keys.device)), layer.values.index_select(0, rows.to(layer.keys.device))
+        layer.keys = keys.gather(2, index.expand(-1, keys.shape[1], -1, keys.shape[3]))
+        layer.values = values.gather(2, index.expand(-1, values.shape[1], -1, values.shape[3]))
+
+
+def cache_rows_gatherable(cache: DynamicCache) -> bool:
+    """Whether every layer is a plain DynamicLayer (a sliding-window layer cannot be gathered per row)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def row_processors(processors, row: int, batch: int):
+    """The logits processors as they act on row `row` of a `batch`-row batch, called with that row alone.
+
+    Most processors read only the ids they are given. Two keep per-row state: the repetition
+    penalty's prompt_ignore_length (each row's left padding, set by generate from the mask)
+    and prefix_allowed_tokens_fn's batch id; their copies here see the row's own.
+    """
+    rows = []
+    for processor in processors:
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(processor.prompt_ignore_length, torch.Tensor):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor) and batch > 1:
+            processor = copy.copy(processor)
+            processor._prefix_allowed_tokens_fn = functools.partial(_as_row, processor._prefix_allowed_tokens_fn, row)
+        rows.append(processor)
+    return LogitsProcessorList(rows)
+
+
+def _as_row(allowed_tokens, row: int, batch_id: int, ids):
+    return allowed_tokens(row, ids)
+
+
+def pad_token_id(config: GenerationConfig) -> int | None:
+    """The id plain generate writes after a row's end (transformers' prepared pad: pad_token_id, else the first EOS)."""
+    pad = getattr(config, "_pad_token_tensor", None)
+    if pad is not None:
+        return int(pad.reshape(-1)[0])
+    return config.pad_token_id
 
 
 def vocab_size(model) -> int:
