@@ -180,3 +180,30 @@ def test_return_dict_in_generate_holds_the_sequences():
     ids, mask = left_padded([[5, 6, 7], [8, 9]])
     got = lookahead.generate(model, ids, attention_mask=mask, max_new_tokens=5, return_dict_in_generate=True)
     assert got.sequences.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False).tolist()
+
+
+@pytest.mark.parametrize("tree", [True, False])
+def test_each_rows_cache_holds_exactly_its_accepted_tokens_after_every_step(monkeypatch, tree):
+    # After each compaction a row's real slots equal a fresh one-row forward of its tokens: no
+    # padding, fill or rejected draft token among them, and nothing of another row.
+    model = stories_model()
+    ids, mask = story_batch(model)
+    original, checked = batch_module._compact, []
+
+    def spy(cache, active, going, kept_blocks, width):
+        original(cache, active, going, kept_blocks, width)
+        total = cache.get_seq_length()
+        with torch.no_grad():
+            for r, row in enumerate(going):
+                tokens = row.context[row.pad :][: row.cached]
+                fresh = model(torch.tensor([tokens]), use_cache=True).past_key_values
+                for layer, fresh_layer in zip(cache.layers, fresh.layers):
+                    torch.testing.assert_close(layer.keys[r, :, total - row.cached :], fresh_layer.keys[0], atol=1e-4, rtol=1e-4)
+                    torch.testing.assert_close(layer.values[r, :, total - row.cached :], fresh_layer.values[0], atol=1e-4, rtol=1e-4)
+        checked.append(len(going))
+
+    monkeypatch.setattr(batch_module, "_compact", spy)
+    drafter = LookupDrafter(cost_aware=False)
+    out = lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=40, do_sample=False)
+    assert out.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False).tolist()
+    assert len(checked) >= 3 and drafter.stats.accepted > 0 and drafter.stats.drafted > drafter.stats.accepted  # some rejected
