@@ -184,26 +184,35 @@ def test_return_dict_in_generate_holds_the_sequences():
 
 @pytest.mark.parametrize("tree", [True, False])
 def test_each_rows_cache_holds_exactly_its_accepted_tokens_after_every_step(monkeypatch, tree):
-    # After each compaction a row's real slots equal a fresh one-row forward of its tokens: no
+    # After each step a row's real slots equal a fresh one-row forward of its tokens: no
     # padding, fill or rejected draft token among them, and nothing of another row.
     model = stories_model()
     ids, mask = story_batch(model)
-    original, checked = batch_module._compact, []
+    original, checked = batch_module._RowCache.keep, []
 
-    def spy(cache, active, going, kept_blocks, width):
-        original(cache, active, going, kept_blocks, width)
-        total = cache.get_seq_length()
+    def spy(self, going, kept_blocks, width):
+        rows = [spy.active[r] for r in going]
+        original(self, going, kept_blocks, width)
         with torch.no_grad():
-            for r, row in enumerate(going):
-                tokens = row.context[row.pad :][: row.cached]
+            for r, (row, kept) in enumerate(zip(rows, kept_blocks)):
+                tokens = row.context[row.pad :][: row.cached + len(kept)]
                 fresh = model(torch.tensor([tokens]), use_cache=True).past_key_values
-                for layer, fresh_layer in zip(cache.layers, fresh.layers):
-                    torch.testing.assert_close(layer.keys[r, :, total - row.cached :], fresh_layer.keys[0], atol=1e-4, rtol=1e-4)
-                    torch.testing.assert_close(layer.values[r, :, total - row.cached :], fresh_layer.values[0], atol=1e-4, rtol=1e-4)
-        checked.append(len(going))
+                slots = self.real[r].nonzero()[:, 0]
+                for layer, fresh_layer in zip(self.cache.layers, fresh.layers):
+                    torch.testing.assert_close(layer.keys[r, :, slots], fresh_layer.keys[0], atol=1e-4, rtol=1e-4)
+                    torch.testing.assert_close(layer.values[r, :, slots], fresh_layer.values[0], atol=1e-4, rtol=1e-4)
+        checked.append((self.real.shape[1], int(self.real.sum(dim=1).max())))
 
-    monkeypatch.setattr(batch_module, "_compact", spy)
+    original_verify = batch_module._verify
+
+    def verify(model, cache, active, *args, **kwargs):
+        spy.active = active
+        return original_verify(model, cache, active, *args, **kwargs)
+
+    monkeypatch.setattr(batch_module._RowCache, "keep", spy)
+    monkeypatch.setattr(batch_module, "_verify", verify)
     drafter = LookupDrafter(cost_aware=False)
     out = lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=40, do_sample=False)
     assert out.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False).tolist()
     assert len(checked) >= 3 and drafter.stats.accepted > 0 and drafter.stats.drafted > drafter.stats.accepted  # some rejected
+    assert any(slots > longest for slots, longest in checked)  # steps that left holes (not only left padding) were checked too

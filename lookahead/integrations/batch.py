@@ -5,14 +5,17 @@ memory and documents shared), a DraftSizer that learns the row's keep chance, an
 as plain batched generate holds it (left padding, prompt, generated tokens), which the
 logits processors and stop checks read.
 
-Cache layout: left-padded, without holes. Row i's `cached` real tokens end at the cache's
-last position S; the slots before them are padding, masked. A step's block holds, per row,
-its uncached tokens (the padded prompt on the first step, else its last own token) and its
-draft, right-padded to the step's width W. A 2-D mask (chains: transformers adds the causal
-part) or a 4-D one (trees: each node sees the cache, the uncached tokens and its own
-ancestors) hides left padding and the fill, and each token's position id counts the real
-tokens before it in its row. After the walk, every row's kept entries are gathered back to
-a hole-free, left-padded cache; finished rows leave the cache (and the block) at once.
+Cache layout: rows of one length S, each row's real tokens anywhere in it, the other slots
+(left padding, a row's share of the fill, a tree's dropped branches) marked unreal and never
+attended to. A step's block holds, per row, its uncached tokens (the padded prompt on the
+first step, else its last own token) and its draft, right-padded to the step's width W; a
+2-D mask (chains: transformers adds the causal part) or a 4-D one (trees: each node sees
+the real cache, the uncached tokens and its own ancestors) hides what is not real, and each
+token's position id counts the real tokens before it in its row. After the walk only the
+block's tail moves: each row's kept entries are packed to its front (a gather over the last
+W slots) and the cache is cut after the longest; the whole cache is gathered back to
+left-padded rows without holes only when rows leave (they stop costing compute at once) or
+holes pass a quarter of it.
 
 Exactness: each row's tokens are chosen from logits computed over exactly its own real
 tokens at their own positions, and read by the processors and stop checks through the row
@@ -33,7 +36,8 @@ from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import fixed_cost_tokens
 from lookahead.integrations.engine import _stop_index, _tree_visibility, _walk
 from lookahead.integrations.transformers import (
-    cache_rows_gatherable, gather_cache_rows, new_cache, pad_token_id, row_processors, supports_logits_to_keep, vocab_size,
+    cache_rows_gatherable, drop_cache_tail, gather_cache_rows, gather_cache_tail, new_cache, pad_token_id, row_processors, supports_logits_to_keep,
+    vocab_size,
 )
 from lookahead.sizing import DraftSizer, StepCostFit, cost_curve, padded_batch_draft_sizes
 
@@ -86,8 +90,8 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
             rows.append(_Row(i, child, sizer, list(prompts[i]), pads[i], child.stats, row_processors(processors, i, batch)))
         fit = StepCostFit(fixed_cost_tokens(model)) if drafter.cost_aware else None
         logits_to_keep = supports_logits_to_keep(model)
-        cache = new_cache(model)
-        if not cache_rows_gatherable(cache):
+        cache = _RowCache(new_cache(model), batch)
+        if not cache_rows_gatherable(cache.cache):
             raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered per row: generate one row at a time")
         active = rows
         first = True
@@ -99,8 +103,8 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
                 walks, width = _verify(model, cache, active, plans, first, tree_step, do_sample, logits_to_keep, device)
                 if fit is not None and not first:
                     fit.add(len(active) * width, time.perf_counter() - start)  # the step's real shape, rows x width
-                going, kept_positions = [], []
-                for row, plan, (kept, choice, kept_block) in zip(active, plans, walks):
+                going, kept_blocks = [], []
+                for r, (row, plan, (kept, choice, kept_block)) in enumerate(zip(active, plans, walks)):
                     if row.sizer is not None and len(plan.chain):
                         row.sizer.observed(plan.chain.match_len, plan.chain.token_ids.tolist(), plan.size, kept + [choice],
                                            len(row.context) - row.pad)
@@ -115,11 +119,13 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
                         continue
                     if row.sizer is not None:
                         row.sizer.settle(row.drafter.index.tokens)
-                    going.append(row)
-                    kept_positions.append(kept_block)
+                    going.append(r)
+                    kept_blocks.append(kept_block)
                 if going:
-                    _compact(cache, active, going, kept_positions, width)
-                active = going
+                    cache.keep(going, kept_blocks, width)
+                    for r, kept_block in zip(going, kept_blocks):
+                        active[r].cached += len(kept_block)
+                active = [active[r] for r in going]
                 first = False
         for row in rows:
             drafter.stats.add(row.stats)
@@ -152,17 +158,18 @@ def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_node
             for row, room, c, s in zip(active, rooms, chains, sizes)]
 
 
-def _verify(model, cache, active: list[_Row], plans: list[_Plan], first: bool, tree: bool, do_sample: bool,
+def _verify(model, cache: "_RowCache", active: list[_Row], plans: list[_Plan], first: bool, tree: bool, do_sample: bool,
             logits_to_keep: bool, device) -> tuple[list[tuple[list[int], int, list[int]]], int]:
     """One forward pass over every active row's block; per row (kept draft tokens, the model's own token, kept block
     indices: the real uncached tokens and the walked path), and the block width."""
     u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
-    cached = cache.get_seq_length()  # S: every row's real cached tokens end here
+    cached = len(cache)  # S: cache slots per row, real or not
     width = u + max(len(p.draft) for p in plans)
     b = len(active)
     tokens = torch.zeros((b, width), dtype=torch.long)  # (rows, width): fill 0, masked
     positions = torch.ones((b, width), dtype=torch.long)  # (rows, width): padding and fill at 1, as plain generate's padding
     real = torch.zeros((b, cached + width), dtype=torch.bool)  # (rows, keys): which keys are real tokens of the row
+    real[:, :cached] = cache.real
     blocks = []
     for r, (row, plan) in enumerate(zip(active, plans)):
         n = len(plan.draft)
@@ -177,7 +184,6 @@ def _verify(model, cache, active: list[_Row], plans: list[_Plan], first: bool, t
         positions[r, skip:u] = torch.arange(row.cached, own + 1)
         if n:
             positions[r, u : u + n] = own + torch.tensor(depth[u:])
-        real[r, cached - row.cached : cached] = True
         real[r, cached + skip : cached + u + n] = True
         blocks.append((ids, parents, skip))
     tokens, positions = tokens.to(device), positions.to(device)
@@ -197,7 +203,7 @@ def _verify(model, cache, active: list[_Row], plans: list[_Plan], first: bool, t
         attention = attention.to(device)
     else:
         attention = real.long().to(device)
-    out = model(input_ids=tokens, cache=cache, use_cache=True, attention_mask=attention, position_ids=positions, **keep)
+    out = model(input_ids=tokens, cache=cache.cache, use_cache=True, attention_mask=attention, position_ids=positions, **keep)
     logits = out.logits.float()
     walks = []
     for r, (row, (ids, parents, skip)) in enumerate(zip(active, blocks)):
@@ -206,19 +212,62 @@ def _verify(model, cache, active: list[_Row], plans: list[_Plan], first: bool, t
     return walks, width
 
 
-def _compact(cache, active: list[_Row], going: list[_Row], kept_blocks: list[list[int]], width: int) -> None:
-    """Keeps the rows `going` and, in each, its real cached tokens and kept block entries, left-padded without holes."""
-    block = cache.get_seq_length() - width  # S: where the step's block entries start
-    lengths = [row.cached + len(kept) for row, kept in zip(going, kept_blocks)]
-    longest = max(lengths)
-    index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, positions); a row's padding slots read slot 0, masked
-    place = {id(row): i for i, row in enumerate(active)}
-    for r, (row, kept, length) in enumerate(zip(going, kept_blocks, lengths)):
-        start = longest - length
-        index[r, start : start + row.cached] = torch.arange(block - row.cached, block)
-        index[r, start + row.cached :] = block + torch.tensor(kept, dtype=torch.long)
-        row.cached = length
-    gather_cache_rows(cache, torch.tensor([place[id(row)] for row in going]), index)
+class _RowCache:
+    """The active rows' KV cache, (rows, S) slots each, and which slots hold each row's real tokens.
+
+    A slot that is not real (left padding, fill, a dropped branch) is masked in every step.
+    """
+
+    def __init__(self, cache, rows: int):
+        self.cache = cache
+        self.real = torch.zeros((rows, 0), dtype=torch.bool)  # (rows, S): slot s of row r is one of its tokens
+
+    def __len__(self) -> int:
+        return self.real.shape[1]
+
+    def keep(self, going: list[int], kept_blocks: list[list[int]], width: int) -> None:
+        """After a step over `width` block slots: keeps the rows `going` (indices among the step's rows) and, of row
+        going[i]'s block, the entries kept_blocks[i] (ascending)."""
+        start = self.real.shape[1]  # the block's first slot
+        longest = max(len(kept) for kept in kept_blocks)
+        contiguous = all(kept[-1] - kept[0] + 1 == len(kept) for kept in kept_blocks if kept)
+        if contiguous and len(going) == self.real.shape[0]:  # chains: the kept entries stay where they are
+            end = max(kept[-1] + 1 for kept in kept_blocks)
+            block = torch.zeros((len(going), end), dtype=torch.bool)
+            for i, kept in enumerate(kept_blocks):
+                block[i, kept[0] : kept[-1] + 1] = True
+            drop_cache_tail(self.cache, width - end)
+            self.real = torch.cat([self.real, block], dim=1)
+        elif len(going) == self.real.shape[0]:  # trees: each row's path packed to the block's front
+            index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, slots): offsets in the block
+            block = torch.zeros((len(going), longest), dtype=torch.bool)
+            for i, kept in enumerate(kept_blocks):
+                index[i, : len(kept)] = torch.tensor(kept)
+                block[i, : len(kept)] = True
+            gather_cache_tail(self.cache, start, index)
+            self.real = torch.cat([self.real, block], dim=1)
+        else:
+            self.real = torch.cat([self.real, torch.zeros((self.real.shape[0], width), dtype=torch.bool)], dim=1)
+            for r, kept in zip(going, kept_blocks):
+                self.real[r, [start + k for k in kept]] = True
+            self._compact(going)
+            return
+        if self.real.shape[1] > 1.25 * int(self.real.sum(dim=1).max()) + 16:
+            self._compact(list(range(self.real.shape[0])))
+
+    def _compact(self, going: list[int]) -> None:
+        """Keeps the rows `going`, each its real slots only, left-padded: the whole cache gathered."""
+        real = self.real[going]
+        lengths = real.sum(dim=1)
+        longest = int(lengths.max())
+        index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, slots); a padding slot reads slot 0
+        compacted = torch.zeros((len(going), longest), dtype=torch.bool)
+        for i in range(len(going)):
+            length = int(lengths[i])
+            index[i, longest - length :] = real[i].nonzero()[:, 0]
+            compacted[i, longest - length :] = True
+        gather_cache_rows(self.cache, torch.tensor(going), index)
+        self.real = compacted
 
 
 def _check_batch(model, config, streamer, eos: set[int], stop, criteria) -> None:

@@ -236,6 +236,19 @@ def gather_cache_rows(cache: DynamicCache, rows: torch.Tensor, positions: torch.
         layer.values = values.gather(2, index.expand(-1, values.shape[1], -1, values.shape[3]))
 
 
+def gather_cache_tail(cache: DynamicCache, start: int, positions: torch.Tensor) -> None:
+    """Row i's slots start + j become its slots start + positions[i, j] ((rows, length) int64, offsets from
+    start), in place; the cache then ends at start + length. Only the tail is moved, not the whole cache."""
+    for layer in cache.layers:
+        index = positions.to(layer.keys.device)[:, None, :, None]
+        end = start + positions.shape[1]
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            tail = tensor[:, :, start:].gather(2, index.expand(-1, tensor.shape[1], -1, tensor.shape[3]))
+            tensor[:, :, start:end] = tail
+            setattr(layer, name, tensor[:, :, :end])
+
+
 def cache_rows_gatherable(cache: DynamicCache) -> bool:
     """Whether every layer is a plain DynamicLayer (a sliding-window layer cannot be gathered per row)."""
     return all(type(layer) is DynamicLayer for layer in cache.layers)
