@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from lookahead.draft import Draft, DraftStats
@@ -36,8 +37,8 @@ from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import fixed_cost_tokens
 from lookahead.integrations.engine import _stop_index, _tree_visibility, _walk
 from lookahead.integrations.transformers import (
-    cache_rows_gatherable, drop_cache_tail, gather_cache_rows, gather_cache_tail, new_cache, pad_token_id, row_processors, supports_logits_to_keep,
-    vocab_size,
+    cache_rows_gatherable, drop_cache_tail, gather_cache_rows, gather_cache_tail, new_cache, pad_token_id, row_processors,
+    supports_logits_to_keep, vocab_size,
 )
 from lookahead.sizing import DraftSizer, StepCostFit, cost_curve, padded_batch_draft_sizes
 
@@ -46,13 +47,12 @@ _UNUSED_COSTS = cost_curve((1,) * 7)  # a row's sizer only learns keep chances; 
 
 @dataclass
 class _Row:
-    index: int  # the row's place in the caller's batch
     drafter: LookupDrafter
     sizer: DraftSizer | None
     context: list[int]  # the row as plain generate holds it: left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     stats: DraftStats  # the row's request's stats (the drafter's own, until its reset files the request)
-    processors: object  # the logits processors as they act on this row (row_processors)
+    processors: LogitsProcessorList  # the logits processors as they act on this row (row_processors)
     cached: int = 0  # the row's real tokens in the cache
 
 
@@ -87,12 +87,13 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
             child = drafter.sibling()
             child.reset(prompts[i][pads[i] :])
             sizer = DraftSizer(_UNUSED_COSTS, drafter.max_ngram) if drafter.cost_aware else None
-            rows.append(_Row(i, child, sizer, list(prompts[i]), pads[i], child.stats, row_processors(processors, i, batch)))
+            rows.append(_Row(child, sizer, list(prompts[i]), pads[i], child.stats, row_processors(processors, i, batch)))
         fit = StepCostFit(fixed_cost_tokens(model)) if drafter.cost_aware else None
         logits_to_keep = supports_logits_to_keep(model)
         cache = _RowCache(new_cache(model), batch)
         if not cache_rows_gatherable(cache.cache):
-            raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered per row: generate one row at a time")
+            raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered "
+                                             "per row: generate one row at a time")
         active = rows
         first = True
         with torch.inference_mode():
