@@ -21,7 +21,7 @@ from lookahead.bench.tables import format_table
 
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 DEFAULT_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
-DEFAULT_PROMPT_TOKENS = 512  # --batch without --prompt-tokens: each prompt's last 512 tokens
+DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
 
 
 class FollowRows(LogitsProcessor):

@@ -58,7 +58,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
                              "requests per size (--traces, default ../shared/traces; skipped where absent)")
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 512)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
     parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
 

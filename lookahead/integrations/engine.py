@@ -70,7 +70,9 @@ def generate(
 
     Args:
         model: a decoder-only transformers model.
-        input_ids: (1, prompt_len) token ids.
+        input_ids: (batch, prompt_len) token ids; a batch left-padded, with its attention_mask
+            (kwargs), as transformers pads for generation. Batch size 1 without padding runs
+            this module's one-row loop; anything else lookahead.integrations.batch.
         drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
             whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
             to the nodes that cost no more than that chain.
@@ -89,17 +91,20 @@ def generate(
             return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
 
     Returns:
-        (1, total_len) sequences, or, when return_dict_in_generate, a
+        (batch, total_len) sequences (a row that ended early padded with the pad id, as
+        plain generate pads it), or, when return_dict_in_generate, a
         GenerateDecoderOnlyOutput with `sequences`, `cache` (every token but the last, as
         plain generate leaves it) and, if asked for, `scores` (output_scores: the processed
         scores each new token was chosen from) and `logits` (output_logits: the raw logits
         at the position that produced it), one (1, vocab) float32 tensor per new token
-        as plain generate returns them. The drafter's `stats` describe the call.
+        as plain generate returns them (for a batch: `sequences` only). The drafter's `stats`
+        describe the call (for a batch, every row's steps).
 
     Raises:
-        UnsupportedGenerationError: batch size above 1, beam search, encoder-decoder models,
-            static caches, tree=True for a family without tree support,
-            output_attentions or output_hidden_states with return_dict_in_generate.
+        UnsupportedGenerationError: padding other than left padding, beam search,
+            encoder-decoder models, static caches, tree=True for a family without tree
+            support, output_attentions or output_hidden_states with return_dict_in_generate;
+            for a batch, a streamer, output_scores or output_logits.
     """
     if "cost_aware" in kwargs:
         raise TypeError("cost_aware is the drafter's option: LookupDrafter(cost_aware=False)")
