@@ -27,13 +27,17 @@ def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def batch_case(model, seed: int) -> dict:
     """Ragged prompts (a third repeat the model's own output), rows ending at different times (an EOS the model
-    writes in one row), sometimes a repetition penalty; random drafter options."""
+    writes in one row), sometimes a repetition penalty, a forbidden token or no repeated 3-grams; random drafter options."""
     rng = random.Random(seed)
     prompts = [make_case(model, seed * 10 + i, VOCAB)["prompt"] for i in range(rng.randint(2, 5))]
     ids, mask = left_padded(prompts)
     options = dict(max_new_tokens=rng.randint(1, 40), do_sample=False)
     if rng.random() < 0.3:
         options["repetition_penalty"] = 1.3
+    if rng.random() < 0.15:
+        options["bad_words_ids"] = [[rng.randrange(3, VOCAB)]]
+    if rng.random() < 0.15:
+        options["no_repeat_ngram_size"] = 3
     if rng.random() < 0.6:
         plain = model.generate(ids, attention_mask=mask, **options)[:, ids.shape[1] :]
         options["eos_token_id"] = int(rng.choice(plain[rng.randrange(len(prompts))].tolist()))
