@@ -90,6 +90,11 @@ class DraftStats:
         self.accepted_per_step.append(0)
         self.record_accepted(accepted)
 
+    def add(self, other: "DraftStats") -> None:
+        """Appends another request's steps (a batch's rows folded into one drafter's stats)."""
+        self.drafted_per_step += other.drafted_per_step
+        self.accepted_per_step += other.accepted_per_step
+
     def record_accepted(self, accepted: int) -> None:
         """Sets how many drafted tokens the last step kept."""
         drafted = self.drafted_per_step[-1]

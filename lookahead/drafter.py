@@ -180,6 +180,24 @@ class LookupDrafter:
         self._vocab_size = size
         self._trie.vocab_limit = NO_VOCAB_LIMIT if size is None else size
 
+    def sibling(self) -> "LookupDrafter":
+        """A new drafter with this one's options, sharing its memory and documents: one per row of a batch.
+
+        Example:
+            >>> parent = LookupDrafter(num_draft_tokens=3)
+            >>> row = parent.sibling()
+            >>> row.memory is parent.memory and row.documents is parent.documents and row.num_draft_tokens == 3
+            True
+        """
+        child = LookupDrafter(
+            num_draft_tokens=self.num_draft_tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
+            draft_factor=self.draft_factor, memory=self.memory if self.memory is not None else False,
+            documents=self.documents, eos_token_id=sorted(self.eos_option), vocab_size=self.vocab_size, cost_aware=self.cost_aware,
+        )
+        child.chain_walk, child.tree_walk = self.chain_walk, self.tree_walk
+        child.eos_token_ids = self.eos_token_ids
+        return child
+
     @property
     def min_ngram(self) -> int:
         return self.index.min_ngram

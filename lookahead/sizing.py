@@ -238,12 +238,7 @@ def batch_draft_sizes(keep_chances, lengths, *, fixed_cost_tokens: float) -> lis
         >>> batch_draft_sizes([0.9, 0.2], [4, 4], fixed_cost_tokens=1.0)  # every token costs: only the likely ones
         [2, 0]
     """
-    chances = np.minimum(np.asarray(keep_chances, dtype=np.float64), 0.999)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if chances.shape != lengths.shape or chances.ndim != 1:
-        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
-    if not fixed_cost_tokens > 0:
-        raise ValueError(f"fixed_cost_tokens must be > 0, got {fixed_cost_tokens!r}")
+    chances, lengths = _rows(keep_chances, lengths, fixed_cost_tokens)
     sizes = [0] * chances.shape[0]
     rows = np.repeat(np.arange(chances.shape[0]), lengths)  # (sum(lengths),): the row of each drafted token
     depth = np.arange(rows.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1  # its place in its row, from 1
@@ -258,6 +253,17 @@ def batch_draft_sizes(keep_chances, lengths, *, fixed_cost_tokens: float) -> lis
         expected += gain
         verified += 1
     return sizes
+
+
+def _rows(keep_chances, lengths, fixed_cost_tokens: float) -> tuple[np.ndarray, np.ndarray]:
+    """(keep chances capped at 0.999, lengths) as arrays, checked: 1-D, one per row, fixed_cost_tokens > 0."""
+    chances = np.minimum(np.asarray(keep_chances, dtype=np.float64), 0.999)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if chances.shape != lengths.shape or chances.ndim != 1:
+        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
+    if not fixed_cost_tokens > 0:
+        raise ValueError(f"fixed_cost_tokens must be > 0, got {fixed_cost_tokens!r}")
+    return chances, lengths
 
 
 class StepCostFit:
@@ -302,3 +308,43 @@ class StepCostFit:
         if per_token <= 0:
             return float(self.bounds[1])
         return float(np.clip(fixed / per_token, *self.bounds))
+
+
+# -- padded batched steps (our engine: rows right-padded to one block width) -----------------
+#
+# Our engine verifies B rows as one (B, W) block: each row's own token and draft, right-padded
+# to the widest. The step costs F + p*B*W whatever the rows hold, so widening the block by one
+# costs B tokens of compute, and a row's draft up to W - 1 tokens rides free once another row
+# needs that width. With h = F / p the best width maximises G(W) / (h + B*W).
+
+
+def padded_batch_draft_sizes(keep_chances, lengths, *, fixed_cost_tokens: float) -> list[int]:
+    """How many drafted tokens of each row a padded batched step verifies, for the most tokens per second.
+
+    The step's width W (1 + the drafted tokens of its widest row) maximises
+    G(W) / (fixed_cost_tokens + rows * W), G(W) = sum_i sum_{j=0..min(lengths[i], W-1)} a_i^j the
+    expected tokens (row i's j-th drafted token kept with chance a_i^j); every row then verifies
+    min(lengths[i], W - 1) tokens: the padding would cost as much. The rule: widen while the
+    expected tokens the extra column adds exceed rows / (h + rows * W) of the step's, so drafts
+    shrink as rows grow and stop where no column pays for its rows. Ties go to the narrower block.
+
+    Arguments and result as batch_draft_sizes'.
+
+    Example:
+        >>> padded_batch_draft_sizes([0.9, 0.2], [4, 4], fixed_cost_tokens=1000.0)  # idle hardware: whole drafts
+        [4, 4]
+        >>> padded_batch_draft_sizes([0.5] * 2, [4] * 2, fixed_cost_tokens=4.0)  # a CPU: 2 rows draft a token
+        [1, 1]
+        >>> padded_batch_draft_sizes([0.5] * 16, [4] * 16, fixed_cost_tokens=4.0)  # 16 rows: a column costs 16 tokens
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    """
+    chances, lengths = _rows(keep_chances, lengths, fixed_cost_tokens)
+    rows = chances.shape[0]
+    if rows == 0 or lengths.max(initial=0) == 0:
+        return [0] * rows
+    drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
+    # expected[w] = G(w + 1): per row the geometric sum up to min(length, w) drafted tokens
+    depth = np.minimum(drafted[:, None], lengths[None, :])
+    expected = ((1 - chances[None, :] ** (depth + 1)) / (1 - chances[None, :])).sum(axis=1)
+    best = int(np.argmax(expected / (fixed_cost_tokens + rows * (drafted + 1))))
+    return np.minimum(lengths, best).tolist()

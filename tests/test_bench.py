@@ -154,3 +154,34 @@ def test_vocab_size_is_refused_where_it_would_be_ignored(tmp_path, capsys, argv)
     extra = ["--traces", str(write_traces(tmp_path))] if argv else []
     assert main(["bench", "--vocab-size", "100", *argv, *extra]) == 2
     assert "--vocab-size sets the forced model's vocabulary with --traces" in capsys.readouterr().err
+
+
+def test_batch_bench_rows_are_exact_per_batch_size_and_dtype(tiny, tmp_path, capsys):
+    a, b = write_traces(tmp_path, "a.jsonl", requests=3), write_traces(tmp_path, "b.jsonl", requests=2, seed=1)
+    code, out, _ = run_json(capsys, "--batch", "1,4", "--traces", str(a), str(b), "--vocab-size", str(VOCAB), "--max-new-tokens", "30")
+    assert code == 0
+    rows = out["results"]
+    methods = ["plain batched greedy", "lookahead.generate"]
+    assert [(r["batch"], r["dtype"], r["method"]) for r in rows] == [
+        (size, d, m) for d in ("float32", "bfloat16") for size in (1, 4) for m in methods
+    ]
+    by = {(r["batch"], r["dtype"], r["method"]): r for r in rows}
+    for r in rows:
+        assert r["exact"], r
+        assert r["tokens"] == r["batch"] * 30  # every row cut at 30 tokens (its EOS lies beyond)
+    for d in ("float32", "bfloat16"):
+        for size in (1, 4):
+            assert by[size, d, "plain batched greedy"]["forwards"] == 30  # one per token, prefill included
+            assert by[size, d, "lookahead.generate"]["forwards"] < 30  # drafts kept: the outputs copy their prompts
+
+
+def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys, monkeypatch):
+    from lookahead.bench import batched
+
+    monkeypatch.setattr(batched, "SHARED_TRACES", tmp_path / "absent")
+    assert main(["bench", "--batch", "1,4"]) == 0
+    assert "skipped" in capsys.readouterr().err
+    assert main(["bench", "--batch", "0,4"]) == 2
+    assert "--batch takes a comma list" in capsys.readouterr().err
+    assert main(["bench", "--batch", "4", "--traces", str(write_traces(tmp_path)), "--vocab-size", str(VOCAB)]) == 2
+    assert "needs 4 requests" in capsys.readouterr().err

@@ -226,10 +226,11 @@ def test_tree_support_by_family():
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda m: lookahead.generate(m, torch.tensor([[5, 6], [7, 8]])), UnsupportedGenerationError, "one sequence"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6], [7, 8]]), attention_mask=torch.tensor([[1, 0], [1, 1]])),
+         UnsupportedGenerationError, "left-padded"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), num_beams=2), UnsupportedGenerationError, "beam"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), cache_implementation="static"), UnsupportedGenerationError, "static"),
-        (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), attention_mask=torch.tensor([[0, 1]])), UnsupportedGenerationError, "unpadded"),
+        (lambda m: lookahead.generate(m, torch.tensor([[5, 6, 7]]), attention_mask=torch.tensor([[0, 1, 0]])), UnsupportedGenerationError, "left-padded"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), max_new_tokns=3), ValueError, "max_new_tokns"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), stop_strings="x"), ValueError, "tokenizer"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), return_dict_in_generate=True, output_attentions=True),
@@ -238,7 +239,7 @@ def test_tree_support_by_family():
                               output_hidden_states=True), UnsupportedGenerationError, "output_hidden_states=True"),
         (lambda m: lookahead.generate(m, [[5, 6]]), TypeError, "torch tensor"),
         (lambda m: lookahead.generate(m, torch.tensor([[5.0, 6.0]], dtype=torch.bfloat16)), TypeError, "dtype torch.bfloat16"),
-        (lambda m: lookahead.generate(m, torch.tensor([5, 6])), ValueError, r"shape \(1, prompt_len\)"),
+        (lambda m: lookahead.generate(m, torch.tensor([5, 6])), ValueError, r"shape \(batch, prompt_len\)"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, VOCAB]])), ValueError, f"vocabulary.*{VOCAB}"),
         (lambda m: lookahead.generate(m, torch.tensor([[5, 6]]), do_sample=True, num_return_sequences=2),
          UnsupportedGenerationError, "num_return_sequences=2"),
@@ -250,7 +251,7 @@ def test_tree_support_by_family():
         (lambda m: m.generate(torch.tensor([[5, 6]]), custom_generate=lookahead.generate, assistant=LookupDrafter),
          TypeError, "LookupDrafter instance"),
     ],
-    ids=["batch", "beam", "static_cache", "padding", "typo", "stop_strings_without_tokenizer", "attentions", "hidden_states",
+    ids=["right_padding", "beam", "static_cache", "padding_inside", "typo", "stop_strings_without_tokenizer", "attentions", "hidden_states",
          "list_ids", "bfloat16_ids", "1d_ids", "ids_outside_vocabulary", "num_return_sequences_sampling",
          "num_return_sequences_custom_generate", "num_return_sequences_greedy", "drafter_str", "drafter_class", "assistant_class"],
 )

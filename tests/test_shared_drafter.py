@@ -130,3 +130,25 @@ def test_two_threads_on_one_drafter_get_exact_output_or_the_clear_error(loops):
     finally:
         sys.setswitchinterval(interval)
     assert outcomes["exact"] + outcomes["refused"] == 24 and outcomes["exact"] >= 1
+
+
+def test_a_batch_holds_the_drafter_for_the_whole_call():
+    # A batch's rows draft with siblings of the drafter; the drafter itself is held as for one row.
+    model = tiny_model("llama")
+    drafter = LookupDrafter(cost_aware=False)
+    pause = Pause(at=3)
+    ids = torch.tensor([[0, 0] + SHORT[:3], SHORT])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1] * 5])
+    results = {}
+    errors, join = start_threads(lambda: results.setdefault("batch", lookahead.generate(
+        model, ids, attention_mask=mask, drafter=drafter, max_new_tokens=12, do_sample=False,
+        logits_processor=LogitsProcessorList([pause]))))
+    assert pause.reached.wait(timeout=120)
+    try:
+        with pytest.raises(DrafterInUseError):
+            generate("engine", model, SHORT, drafter)
+    finally:
+        pause.release.set()
+        join()
+    assert not errors
+    assert results["batch"].tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False).tolist()

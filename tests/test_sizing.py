@@ -6,7 +6,7 @@ import pytest
 from lookahead import verify_costs
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
-from lookahead.sizing import DraftSizer, StepCosts, cost_curve
+from lookahead.sizing import DraftSizer, StepCosts, cost_curve, padded_batch_draft_sizes
 from tests.models import tiny_model
 
 LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
@@ -156,3 +156,33 @@ def test_the_sizer_follows_the_step_times_it_is_taught():
 def test_bad_cost_curves_are_refused(points):
     with pytest.raises(ValueError, match="cost curve"):
         cost_curve(points)
+
+
+def brute_padded_sizes(chances, lengths, h):
+    """Every block width tried: the one with the most expected tokens per unit of cost h + rows * width (narrowest on ties)."""
+    best, best_rate = 0, -1.0
+    for drafted in range(max(lengths) + 1):
+        expected = sum(sum(a**j for j in range(min(n, drafted) + 1)) for a, n in zip(chances, lengths))
+        rate = expected / (h + len(chances) * (drafted + 1))
+        if rate > best_rate + 1e-12:
+            best, best_rate = drafted, rate
+    return [min(n, best) for n in lengths]
+
+
+def test_padded_batch_sizes_equal_trying_every_width():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        rows = int(rng.integers(1, 17))
+        chances = rng.uniform(0, 0.99, rows).tolist()
+        lengths = rng.integers(0, 20, rows).tolist()
+        h = float(rng.choice([1.0, 4.0, 16.0, 64.0, 1000.0]))
+        assert padded_batch_draft_sizes(chances, lengths, fixed_cost_tokens=h) == brute_padded_sizes(chances, lengths, h)
+
+
+def test_padded_batch_drafts_shrink_as_the_batch_grows_and_stop_where_they_do_not_pay():
+    widths = [max(padded_batch_draft_sizes([0.7] * rows, [16] * rows, fixed_cost_tokens=16.0)) for rows in (1, 2, 4, 8, 16, 64)]
+    assert widths == sorted(widths, reverse=True) and widths[0] >= 4 and widths[-1] == 0
+    assert padded_batch_draft_sizes([0.95] * 16, [16] * 16, fixed_cost_tokens=4096.0) == [16] * 16  # idle hardware: whole drafts
+    assert padded_batch_draft_sizes([0.9, 0.0], [8, 3], fixed_cost_tokens=64.0) == [8, 3]  # a short row fills paid columns
+    with pytest.raises(ValueError, match="fixed_cost_tokens"):
+        padded_batch_draft_sizes([0.5], [3], fixed_cost_tokens=0.0)

@@ -44,7 +44,8 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--vocab-size", type=int, default=None,
                         help=f"vocabulary of the forced model with --traces (default {TRACE_VOCAB_SIZE}, Llama-3's); every trace id must be below it")
     parser.add_argument("--requests", type=int, default=3, help="requests per workload: the first N of each trace file")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="most tokens per request (a trace's recorded output is cut there)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="most tokens per request (a trace's recorded output is cut there; default 256, 64 with --batch)")
     parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16, auto (bfloat16 on CUDA, float32 on CPU) or a comma list, e.g. float32,bfloat16: "
                              "one model per dtype, each timed (default: float32,bfloat16 with --traces, else auto)")
@@ -54,13 +55,26 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
     parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
     parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
+    parser.add_argument("--batch", default=None,
+                        help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
+                             "requests per size (--traces, default ../shared/traces; skipped where absent)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
     parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
 
 
 def run_bench(args) -> int:
+    args.max_new_tokens_given, args.max_new_tokens = args.max_new_tokens, 256 if args.max_new_tokens is None else args.max_new_tokens
     if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
+    if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
+        raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
+    if args.batch is not None:
+        if args.model or args.prompts or args.overhead or args.documents:
+            raise ValueError("--batch runs the forced model on trace requests: it does not take --model, --prompts, --overhead or --documents")
+        from lookahead.bench.batched import run_batch_bench
+
+        return run_batch_bench(args)
     if args.plot:
         _import_pyplot()  # up front, not after the whole benchmark has run
     if args.overhead:
@@ -339,6 +353,12 @@ def _generate(model, task: Task, options: dict) -> tuple[list[int], float]:
     if task.eos_token_id is not None:
         kwargs["eos_token_id"] = task.eos_token_id
     kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
+    out, seconds = timed_generate(model, input_ids, kwargs)
+    return out[0].tolist(), seconds
+
+
+def timed_generate(model, input_ids: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, float]:
+    """model.generate(input_ids, **kwargs) and its wall time (the device synchronised either side)."""
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -346,7 +366,7 @@ def _generate(model, task: Task, options: dict) -> tuple[list[int], float]:
         out = model.generate(input_ids, **kwargs)
     if model.device.type == "cuda":
         torch.cuda.synchronize()
-    return out[0].tolist(), time.perf_counter() - start
+    return out, time.perf_counter() - start
 
 
 def _summary(per_run: list[dict[str, dict]], method: str) -> dict:

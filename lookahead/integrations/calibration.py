@@ -85,3 +85,11 @@ def _calibrate(model, context: int, repeats: int) -> dict:
     tree16 = max(fastest[-1], fastest[0])
     _TIMES[key] = {"chain": chain, "tree16": tree16}
     return _TIMES[key]
+
+
+def fixed_cost_tokens(model) -> float:
+    """F / p of the line F + p * n through the calibrated step times over SIZES tokens: the
+    prior a batched loop starts from (lookahead.sizing.StepCostFit) before its own steps are timed."""
+    seconds = _calibrate(model, 256, 3)["chain"]
+    per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), seconds, 1)
+    return float(np.clip(fixed / per_token, 1.0, 4096.0)) if per_token > 0 else 4096.0

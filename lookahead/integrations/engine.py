@@ -70,7 +70,9 @@ def generate(
 
     Args:
         model: a decoder-only transformers model.
-        input_ids: (1, prompt_len) token ids.
+        input_ids: (batch, prompt_len) token ids; a batch left-padded, with its attention_mask
+            (kwargs), as transformers pads for generation. Batch size 1 without padding runs
+            this module's one-row loop; anything else lookahead.integrations.batch.
         drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
             whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
             to the nodes that cost no more than that chain.
@@ -89,17 +91,20 @@ def generate(
             return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
 
     Returns:
-        (1, total_len) sequences, or, when return_dict_in_generate, a
+        (batch, total_len) sequences (a row that ended early padded with the pad id, as
+        plain generate pads it), or, when return_dict_in_generate, a
         GenerateDecoderOnlyOutput with `sequences`, `cache` (every token but the last, as
         plain generate leaves it) and, if asked for, `scores` (output_scores: the processed
         scores each new token was chosen from) and `logits` (output_logits: the raw logits
         at the position that produced it), one (1, vocab) float32 tensor per new token
-        as plain generate returns them. The drafter's `stats` describe the call.
+        as plain generate returns them (for a batch: `sequences` only). The drafter's `stats`
+        describe the call (for a batch, every row's steps).
 
     Raises:
-        UnsupportedGenerationError: batch size above 1, beam search, encoder-decoder models,
-            static caches, tree=True for a family without tree support,
-            output_attentions or output_hidden_states with return_dict_in_generate.
+        UnsupportedGenerationError: padding other than left padding, beam search,
+            encoder-decoder models, static caches, tree=True for a family without tree
+            support, output_attentions or output_hidden_states with return_dict_in_generate;
+            for a batch, a streamer, output_scores or output_logits.
     """
     if "cost_aware" in kwargs:
         raise TypeError("cost_aware is the drafter's option: LookupDrafter(cost_aware=False)")
@@ -148,6 +153,13 @@ def generate(
         )
     stop = _StopStrings(tokenizer, stop_strings) if stop_strings else None
     do_sample = bool(config.do_sample)
+    mask = kwargs.get("attention_mask")
+    if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
+        # Several rows, or one left-padded: the batched loop (this module's helpers; imported here, it imports us).
+        from lookahead.integrations.batch import generate_batch
+
+        return generate_batch(model, input_ids, mask, drafter, config, processors, criteria, use_tree=use_tree,
+                              max_tree_nodes=max_tree_nodes, max_len=max_len, eos=eos, stop=stop, streamer=streamer)
     record = config.return_dict_in_generate and (config.output_scores or config.output_logits)
     scores, raw_logits = [], []  # per new token, (1, vocab) float32: what plain generate returns
 
@@ -236,9 +248,23 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
         positions = torch.tensor([[cached + d for d in depth]], device=device)
         out = model(input_ids=block, cache=cache, use_cache=True, attention_mask=mask, position_ids=positions, **keep)
     logits = out.logits[0].float()
+    path, choice = _walk(processors, logits, first, tokens, parents, u, sequence, do_sample, rows)
+    _keep_in_cache(cache, cached, list(range(u)) + path[1:], u + n, is_chain)
+    return [tokens[i] for i in path[1:]], choice
 
-    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, u + n)}
+
+def _walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parents: list[int], u: int, sequence: list[int],
+          do_sample: bool, rows: list | None = None) -> tuple[list[int], int]:
+    """The target's walk down a verified block: (block indices of the path kept, from u - 1; the model's own token).
+
+    tokens/parents: the block, u uncached tokens then draft nodes (parents[i] < i); logits:
+    (block positions from `first` on, vocab). sequence: what the processors read before
+    the block's path (its uncached tokens included). With `rows`, appends (processed
+    scores, raw logits), each (1, vocab) float32, per token returned.
+    """
+    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, len(tokens))}
     path = [u - 1]
+    device = logits.device
     while True:
         node = path[-1]
         context = sequence + [tokens[i] for i in path[1:]]
@@ -247,10 +273,8 @@ def _verify(model, cache, sequence: list[int], draft: Draft, processors, do_samp
             rows.append((processed, logits[node - first][None].clone()))
         child = children.get((node, choice))
         if child is None:
-            break
+            return path, choice
         path.append(child)
-    _keep_in_cache(cache, cached, list(range(u)) + path[1:], u + n, is_chain)
-    return [tokens[i] for i in path[1:]], choice
 
 
 def _tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
@@ -340,13 +364,13 @@ def _eos_set(config: GenerationConfig) -> set[int]:
 
 
 def _check_input_ids(input_ids, model) -> None:
-    """(1, prompt_len) integer ids the model takes; refused here, not deep inside torch."""
+    """(batch, prompt_len) integer ids the model takes; refused here, not deep inside torch."""
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch tensor of token ids, shape (1, prompt_len), got {type(input_ids).__name__}")
+        raise TypeError(f"input_ids must be a torch tensor of token ids, shape (batch, prompt_len), got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must be integers, got a tensor of dtype {input_ids.dtype}")
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must have shape (1, prompt_len) with prompt_len >= 1, got {tuple(input_ids.shape)}")
+    if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must have shape (batch, prompt_len) with both >= 1, got {tuple(input_ids.shape)}")
     low, high, vocab = int(input_ids.min()), int(input_ids.max()), vocab_size(model)
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
@@ -369,8 +393,6 @@ def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
         )
     if (config.num_beams or 1) > 1:
         raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise UnsupportedGenerationError(f"lookahead.generate verifies one sequence at a time, got input_ids of shape {tuple(input_ids.shape)}; call it per sequence")
     if config.cache_implementation not in (None, "dynamic"):
         raise UnsupportedGenerationError(f"lookahead.generate keeps its own dynamic cache; cache_implementation='{config.cache_implementation}' is not supported")
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -378,7 +400,15 @@ def _check(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
         raise UnsupportedGenerationError(f"lookahead.generate keeps its own dynamic cache; a {type(cache).__name__} is not supported")
     mask = kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
-        raise UnsupportedGenerationError("lookahead.generate takes unpadded input: the attention_mask must be all ones")
+        if tuple(mask.shape) != tuple(input_ids.shape) or mask.ndim != 2:
+            raise UnsupportedGenerationError(f"attention_mask must be 2-D like input_ids {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
+        real = mask.bool()
+        left_padded = bool((real[:, 1:] >= real[:, :-1]).all()) and bool(real[:, -1].all())
+        if not left_padded:
+            raise UnsupportedGenerationError(
+                "lookahead.generate takes left-padded batches, as transformers pads for generation "
+                "(tokenizer.padding_side='left'): each attention_mask row must be zeros, then ones, ending in a one"
+            )
 
 
 def _tree_supported(model) -> bool:

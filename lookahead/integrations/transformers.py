@@ -31,6 +31,8 @@ generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwar
 does not forward to a custom_generate).
 """
 
+import copy
+import functools
 import sys
 import threading
 import time
@@ -39,7 +41,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
+from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from lookahead.errors import UnsupportedGenerationError
@@ -260,6 +264,64 @@ def keep_cache_positions(cache: DynamicCache, positions: torch.Tensor) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(-2, positions.to(layer.keys.device))
         layer.values = layer.values.index_select(-2, positions.to(layer.values.device))
+
+
+def gather_cache_rows(cache: DynamicCache, rows: torch.Tensor, positions: torch.Tensor) -> None:
+    """Keeps the batch rows `rows` ((kept,) int64) and, in row i, the cached positions positions[i] ((kept, length) int64), in every layer."""
+    for layer in cache.layers:
+        index = positions.to(layer.keys.device)[:, None, :, None]
+        keys, values = layer.keys.index_select(0, rows.to(layer.keys.device)), layer.values.index_select(0, rows.to(layer.keys.device))
+        layer.keys = keys.gather(2, index.expand(-1, keys.shape[1], -1, keys.shape[3]))
+        layer.values = values.gather(2, index.expand(-1, values.shape[1], -1, values.shape[3]))
+
+
+def gather_cache_tail(cache: DynamicCache, start: int, positions: torch.Tensor) -> None:
+    """Row i's slots start + j become its slots start + positions[i, j] ((rows, length) int64, offsets from
+    start), in place; the cache then ends at start + length. Only the tail is moved, not the whole cache."""
+    for layer in cache.layers:
+        index = positions.to(layer.keys.device)[:, None, :, None]
+        end = start + positions.shape[1]
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            tail = tensor[:, :, start:].gather(2, index.expand(-1, tensor.shape[1], -1, tensor.shape[3]))
+            tensor[:, :, start:end] = tail
+            setattr(layer, name, tensor[:, :, :end])
+
+
+def cache_rows_gatherable(cache: DynamicCache) -> bool:
+    """Whether every layer is a plain DynamicLayer (a sliding-window layer cannot be gathered per row)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def row_processors(processors, row: int, batch: int):
+    """The logits processors as they act on row `row` of a `batch`-row batch, called with that row alone.
+
+    Most processors read only the ids they are given. Two keep per-row state: the repetition
+    penalty's prompt_ignore_length (each row's left padding, set by generate from the mask)
+    and prefix_allowed_tokens_fn's batch id; their copies here see the row's own.
+    """
+    rows = []
+    for processor in processors:
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and isinstance(processor.prompt_ignore_length, torch.Tensor):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row : row + 1]
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor) and batch > 1:
+            processor = copy.copy(processor)
+            processor._prefix_allowed_tokens_fn = functools.partial(_as_row, processor._prefix_allowed_tokens_fn, row)
+        rows.append(processor)
+    return LogitsProcessorList(rows)
+
+
+def _as_row(allowed_tokens, row: int, batch_id: int, ids):
+    return allowed_tokens(row, ids)
+
+
+def pad_token_id(config: GenerationConfig) -> int | None:
+    """The id plain generate writes after a row's end (transformers' prepared pad: pad_token_id, else the first EOS)."""
+    pad = getattr(config, "_pad_token_tensor", None)
+    if pad is not None:
+        return int(pad.reshape(-1)[0])
+    return config.pad_token_id
 
 
 def vocab_size(model) -> int:

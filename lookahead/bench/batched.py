@@ -1,0 +1,150 @@
+"""`lookahead bench --batch 1,4,16`: plain batched greedy against `lookahead.generate` on one batch per size.
+
+The forced model of `--traces` (random weights, the bench's shape, the traces' real
+vocabulary), whose greedy choice follows each row's recorded output (`FollowRows`). Per
+batch size b: the first b requests, taken from the trace files in turn, left-padded into one
+batch; each method runs the batch once, timed whole (prefill included); ours must equal
+plain batched greedy token for token. Both dtypes by default, as `--traces`.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+import lookahead
+from lookahead import LookupDrafter
+from lookahead.bench import e2e
+from lookahead.bench.tables import format_table
+
+SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
+DEFAULT_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
+DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
+
+
+class FollowRows(LogitsProcessor):
+    """Makes each row's reference token the argmax, the row known by its padded prompt.
+
+    Plain batched generate calls it with every row, our engine with one row at a time; a
+    row's first prompt_len ids (its left padding and prompt) say which reference it follows.
+    """
+
+    def __init__(self, prompts: torch.Tensor, references: list[list[int]]):
+        self.prompts = prompts  # (rows, prompt_len), left-padded
+        self.references = references
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        width = self.prompts.shape[1]
+        t = input_ids.shape[1] - width
+        rows = (input_ids[:, None, :width] == self.prompts[None].to(input_ids.device)).all(-1).int().argmax(-1).tolist()
+        for i, row in enumerate(rows):
+            reference = self.references[row]
+            if 0 <= t < len(reference):
+                scores[i, reference[t]] = scores[i].max() + 1.0
+        return scores
+
+
+def run_batch_bench(args) -> int:
+    """Runs `lookahead bench --batch`; 0 when every batch is exact (or there are no traces: skipped)."""
+    sizes = parse_batch_sizes(args.batch)
+    traces = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    if not traces:
+        print(f"lookahead bench --batch: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
+        return 0
+    max_new = args.max_new_tokens_given or DEFAULT_MAX_NEW_TOKENS
+    prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT_TOKENS
+    vocab = e2e.TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+    per_file = e2e._read_traces(list(traces), max(sizes), vocab)
+    pooled = [request for group in zip(*per_file.values()) for request in group]  # the files in turn
+    pooled += [r for requests in per_file.values() for r in requests[len(pooled) // len(per_file) :]]
+    if len(pooled) < max(sizes):
+        raise ValueError(f"--batch {max(sizes)} needs {max(sizes)} requests; the trace files hold {len(pooled)}")
+    tasks = [e2e._forced_trace_task(r, max_new) for r in pooled]
+    tasks = [e2e.Task(t.prompt[-prompt_tokens:], t.reference, t.eos_token_id, t.max_new_tokens) for t in tasks]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, described = [], None
+    for dtype in e2e.parse_dtypes(args.dtype, device=device, traces=True):
+        model = e2e.build_model(args, dtype, device, vocab)
+        described = described or e2e._describe(model, args)
+        rows += bench_batches(model, tasks, sizes)
+        del model
+    if args.json:
+        print(json.dumps({"device": device, "model": described, "batch_sizes": sizes, "max_new_tokens": max_new,
+                          "prompt_tokens": prompt_tokens, "results": rows}))
+    else:
+        print(f"model: {described}, {device}; one batch per size of the first requests of {', '.join(p.name for p in traces)} "
+              f"in turn, prompts cut to their last {prompt_tokens} tokens, at most {max_new} new tokens each")
+        print("tokens/s: generated tokens of all rows / wall time of the whole generate() call (prefill included); "
+              "speedup: over plain batched greedy, same run; forwards: forward passes of the target; exact: every row equal to plain batched greedy's")
+        print(format_table(
+            ["batch", "dtype", "method", "tokens", "tokens/s", "speedup", "forwards", "exact"],
+            [[r["batch"], r["dtype"], r["method"], r["tokens"], f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", r["forwards"],
+              "yes" if r["exact"] else "NO"] for r in rows],
+        ))
+    return 0 if all(r["exact"] for r in rows) else 1
+
+
+def parse_batch_sizes(spec: str) -> list[int]:
+    """--batch: a comma list of batch sizes >= 1, e.g. 1,4,16."""
+    try:
+        sizes = [int(s) for s in spec.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch takes a comma list of batch sizes >= 1, e.g. 1,4,16, got {spec!r}")
+    return sizes
+
+
+def bench_batches(model, tasks: list[e2e.Task], sizes: list[int]) -> list[dict]:
+    """Per batch size: plain batched greedy, then ours, on one batch of the first `size` tasks."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    lookahead.verify_costs(model)  # the one-time calibration, out of the timings
+    warm = [e2e.Task(t.prompt[-32:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
+    for method in METHODS:
+        _run(model, warm, method)
+    rows = []
+    for size in sizes:
+        results = {method: _run(model, tasks[:size], method) for method in METHODS}
+        plain = results["plain batched greedy"]
+        for method, (out, seconds, forwards) in results.items():
+            tokens = _generated(out, tasks[:size])
+            rows.append(dict(batch=size, dtype=dtype, method=method, tokens=tokens, seconds=round(seconds, 3),
+                             tokens_per_s=round(tokens / seconds, 2), speedup=round(plain[1] / seconds, 3), forwards=forwards,
+                             exact=out == plain[0]))
+    return rows
+
+
+METHODS = ("plain batched greedy", "lookahead.generate")
+
+
+def _run(model, tasks: list[e2e.Task], method: str) -> tuple[list[list[int]], float, int]:
+    """One batched generate() call: (output rows, seconds, forward passes)."""
+    width = max(len(t.prompt) for t in tasks)
+    ids = torch.tensor([[0] * (width - len(t.prompt)) + t.prompt for t in tasks], device=model.device)
+    mask = torch.tensor([[0] * (width - len(t.prompt)) + [1] * len(t.prompt) for t in tasks], device=model.device)
+    eos = sorted({t.eos_token_id for t in tasks if t.eos_token_id is not None})
+    kwargs = dict(attention_mask=mask, max_new_tokens=max(t.max_new_tokens for t in tasks), do_sample=False,
+                  logits_processor=LogitsProcessorList([FollowRows(ids, [t.reference for t in tasks])]),
+                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+    if method == "lookahead.generate":
+        kwargs |= dict(custom_generate=lookahead.generate, assistant=LookupDrafter())  # a fresh drafter per batch
+    forwards = [0]
+    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        out, seconds = e2e.timed_generate(model, ids, kwargs)
+    finally:
+        hook.remove()
+    return out.tolist(), seconds, forwards[0]
+
+
+def _generated(out: list[list[int]], tasks: list[e2e.Task]) -> int:
+    """Tokens the rows generated: each up to the first EOS of the batch's (its end; the rest is padding)."""
+    prompt_width = max(len(t.prompt) for t in tasks)
+    eos = {t.eos_token_id for t in tasks}
+    total = 0
+    for row in out:
+        new = row[prompt_width:]
+        total += next((i + 1 for i, token in enumerate(new) if token in eos), len(new))
+    return total
