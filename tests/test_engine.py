@@ -306,3 +306,13 @@ def test_default_drafts_trees_only_where_verification_is_cheap(monkeypatch, cost
     got = lookahead.generate(model, torch.tensor([prompt]), drafter=Spy(cost_aware=False), max_new_tokens=12, do_sample=False)
     assert got.tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False).tolist()
     assert bool(calls) == trees
+
+
+def test_the_whole_output_reaches_memory_the_last_block_included():
+    model = stories_model()
+    prompt = story_prompt(model)
+    store = lookahead.TokenStore()
+    drafter = LookupDrafter(memory=store)
+    out = lookahead.generate(model, torch.tensor([prompt]), drafter=drafter, max_new_tokens=30, do_sample=False)
+    drafter.reset([1])  # files the request into memory
+    assert [s.tolist() for s in store.sequences()] == [out[0].tolist()]

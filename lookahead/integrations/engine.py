@@ -197,11 +197,11 @@ def generate(
                     raw_logits += [raw for _, raw in rows[: len(new)]]
                 _emit(streamer, new)
                 sequence += new
+                drafter.extend(new)  # the last block too: the next request's reset files the whole output into memory
                 if stop_at is not None:
                     break
                 if sizer is not None:
                     sizer.settle(sequence)
-                drafter.extend(new)
         if streamer is not None:
             streamer.end()
     sequences = torch.tensor([sequence], dtype=torch.long, device=input_ids.device)  # int64 whatever came in, as plain generate
