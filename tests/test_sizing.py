@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from lookahead import verify_costs
+from lookahead import LookupDrafter, verify_costs
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.sizing import DraftSizer, StepCosts, cost_curve, padded_batch_draft_sizes
-from tests.models import tiny_model
+from tests.models import SHARED, tiny_model
 
 LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
 
@@ -186,3 +186,41 @@ def test_padded_batch_drafts_shrink_as_the_batch_grows_and_stop_where_they_do_no
     assert padded_batch_draft_sizes([0.9, 0.0], [8, 3], fixed_cost_tokens=64.0) == [8, 3]  # a short row fills paid columns
     with pytest.raises(ValueError, match="fixed_cost_tokens"):
         padded_batch_draft_sizes([0.5], [3], fixed_cost_tokens=0.0)
+
+
+TRACES = SHARED / "traces"
+
+
+def fixed_length_tokens_per_cost(requests, costs, k: int) -> float:
+    """Tokens per unit of modelled verify cost when every step verifies the drafter's chain cut at k tokens."""
+    drafter = LookupDrafter(memory=False, num_draft_tokens=k)
+    cost = tokens = 0.0
+    for request in requests:
+        drafter.reset(request.prompt)
+        output, pos = request.output, 0
+        while pos < output.shape[0]:
+            draft = drafter.propose(min(k, output.shape[0] - pos - 1)).token_ids
+            kept = 0
+            while kept < draft.shape[0] and draft[kept] == output[pos + kept]:
+                kept += 1
+            cost, tokens = cost + costs[draft.shape[0] + 1], tokens + kept + 1
+            drafter.extend(output[pos : pos + kept + 1])
+            pos += kept + 1
+    return tokens / cost
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="needs ../shared/traces (recorded outputs)")
+@pytest.mark.parametrize("curve", ["1,1,1,1,1.02,1.05,1.2", "1,1,1,1,1.19,1.65,3.39", "1,2.05,2.05,2.05,2.05,2.5,3.5", "1,2,4,8,16,32,64"],
+                         ids=["gpu-like", "flat-to-8", "float32-cpu", "linear"])
+def test_on_recorded_outcomes_the_sizer_matches_the_best_fixed_draft_length_in_hindsight(curve):
+    # Recorded step outcomes (Llama-3.1-8B's real outputs), not the sizer's own keep model:
+    # under each cost regime the sizer, which learns as it goes, gets within 3% of the draft
+    # length that was best for that file in hindsight, or of never drafting (1 token per cost).
+    from lookahead.bench.replay import load_trace, parse_costs, replay_lookahead
+
+    costs = parse_costs(curve)
+    for path in sorted(TRACES.glob("*.dev.jsonl")):
+        requests = load_trace(path)[:4]
+        sized = replay_lookahead(requests, LookupDrafter(memory=False), costs=costs)
+        best = max([1.0] + [fixed_length_tokens_per_cost(requests, costs, k) for k in (1, 2, 4, 8, 16, 63)])
+        assert sized["tokens"] / sized["cost"] >= 0.97 * best, path.name
