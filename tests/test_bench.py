@@ -158,7 +158,8 @@ def test_vocab_size_is_refused_where_it_would_be_ignored(tmp_path, capsys, argv)
 
 def test_batch_bench_rows_are_exact_per_batch_size_and_dtype(tiny, tmp_path, capsys):
     a, b = write_traces(tmp_path, "a.jsonl", requests=3), write_traces(tmp_path, "b.jsonl", requests=2, seed=1)
-    code, out, _ = run_json(capsys, "--batch", "1,4", "--traces", str(a), str(b), "--vocab-size", str(VOCAB), "--max-new-tokens", "30")
+    code, out, _ = run_json(capsys, "--batch", "1,4", "--traces", str(a), str(b), "--vocab-size", str(VOCAB), "--max-new-tokens", "30",
+                            "--repeats", "2")
     assert code == 0
     rows = out["results"]
     methods = ["plain batched greedy", "lookahead.generate"]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 
 import lookahead
@@ -68,7 +69,7 @@ def run_batch_bench(args) -> int:
     for dtype in e2e.parse_dtypes(args.dtype, device=device, traces=True):
         model = e2e.build_model(args, dtype, device, vocab)
         described = described or e2e._describe(model, args)
-        rows += bench_batches(model, tasks, sizes)
+        rows += bench_batches(model, tasks, sizes, repeats=args.repeats)
         del model
     if args.json:
         print(json.dumps({"device": device, "model": described, "batch_sizes": sizes, "max_new_tokens": max_new,
@@ -97,22 +98,32 @@ def parse_batch_sizes(spec: str) -> list[int]:
     return sizes
 
 
-def bench_batches(model, tasks: list[e2e.Task], sizes: list[int]) -> list[dict]:
-    """Per batch size: plain batched greedy, then ours, on one batch of the first `size` tasks."""
+def bench_batches(model, tasks: list[e2e.Task], sizes: list[int], *, repeats: int = 1) -> list[dict]:
+    """Per batch size: plain batched greedy and ours, taking turns, `repeats` times, on one
+    batch of the first `size` tasks; each method timed by its fastest run (another process
+    on the machine only ever adds time), exact only if every run was."""
     dtype = str(model.dtype).removeprefix("torch.")
     lookahead.verify_costs(model)  # the one-time calibration, out of the timings
     warm = [e2e.Task(t.prompt[-32:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
     for method in METHODS:
         _run(model, warm, method)
     rows = []
-    for size in sizes:
-        results = {method: _run(model, tasks[:size], method) for method in METHODS}
-        plain = results["plain batched greedy"]
-        for method, (out, seconds, forwards) in results.items():
-            tokens = _generated(out, tasks[:size])
-            rows.append(dict(batch=size, dtype=dtype, method=method, tokens=tokens, seconds=round(seconds, 3),
-                             tokens_per_s=round(tokens / seconds, 2), speedup=round(plain[1] / seconds, 3), forwards=forwards,
-                             exact=out == plain[0]))
+    with tqdm(total=len(sizes) * repeats * len(METHODS), desc=f"{dtype} --batch", file=sys.stderr, leave=False, unit="call") as bar:
+        for size in sizes:
+            runs = {method: [] for method in METHODS}
+            for _ in range(repeats):
+                for method in METHODS:
+                    runs[method].append(_run(model, tasks[:size], method))
+                    bar.update(1)
+            expected = runs["plain batched greedy"][0][0]
+            fastest = {method: min(seconds for _, seconds, _ in results) for method, results in runs.items()}
+            for method, results in runs.items():
+                out, _, forwards = results[0]
+                tokens = _generated(out, tasks[:size])
+                rows.append(dict(batch=size, dtype=dtype, method=method, tokens=tokens, seconds=round(fastest[method], 3),
+                                 tokens_per_s=round(tokens / fastest[method], 2),
+                                 speedup=round(fastest["plain batched greedy"] / fastest[method], 3), forwards=forwards,
+                                 exact=all(run == expected for run, _, _ in results)))
     return rows
 
 

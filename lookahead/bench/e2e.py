@@ -67,6 +67,8 @@ def run_bench(args) -> int:
     args.max_new_tokens_given, args.max_new_tokens = args.max_new_tokens, 256 if args.max_new_tokens is None else args.max_new_tokens
     if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
     if args.batch is not None:
@@ -96,8 +98,6 @@ def run_bench(args) -> int:
         return 0
     if args.quick:
         args.requests, args.max_new_tokens = 1, 128
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtypes = parse_dtypes(args.dtype, device=device, traces=bool(args.traces))
     tasks, vocab = load_tasks(args)
