@@ -194,7 +194,7 @@ class LookupDrafter:
             draft_factor=self.draft_factor, memory=self.memory if self.memory is not None else False,
             documents=self.documents, eos_token_id=sorted(self.eos_option), vocab_size=self.vocab_size, cost_aware=self.cost_aware,
         )
-        child.chain_walk, child.tree_walk = self.chain_walk, self.tree_walk
+        child.chain_walk, child.tree_walk, child.first_reach = self.chain_walk, self.tree_walk, self.first_reach
         child.eos_token_ids = self.eos_token_ids
         return child
 

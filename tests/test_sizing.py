@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lookahead import LookupDrafter, verify_costs
+from lookahead.bench import replay
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.sizing import DraftSizer, StepCosts, cost_curve, padded_batch_draft_sizes
@@ -200,9 +201,7 @@ def fixed_length_tokens_per_cost(requests, costs, k: int) -> float:
         output, pos = request.output, 0
         while pos < output.shape[0]:
             draft = drafter.propose(min(k, output.shape[0] - pos - 1)).token_ids
-            kept = 0
-            while kept < draft.shape[0] and draft[kept] == output[pos + kept]:
-                kept += 1
+            kept = replay._kept(draft, output, pos)
             cost, tokens = cost + costs[draft.shape[0] + 1], tokens + kept + 1
             drafter.extend(output[pos : pos + kept + 1])
             pos += kept + 1
@@ -216,11 +215,10 @@ def test_on_recorded_outcomes_the_sizer_matches_the_best_fixed_draft_length_in_h
     # Recorded step outcomes (Llama-3.1-8B's real outputs), not the sizer's own keep model:
     # under each cost regime the sizer, which learns as it goes, gets within 3% of the draft
     # length that was best for that file in hindsight, or of never drafting (1 token per cost).
-    from lookahead.bench.replay import load_trace, parse_costs, replay_lookahead
 
-    costs = parse_costs(curve)
+    costs = replay.parse_costs(curve)
     for path in sorted(TRACES.glob("*.dev.jsonl")):
-        requests = load_trace(path)[:4]
-        sized = replay_lookahead(requests, LookupDrafter(memory=False), costs=costs)
+        requests = replay.load_trace(path)[:4]
+        sized = replay.replay_lookahead(requests, LookupDrafter(memory=False), costs=costs)
         best = max([1.0] + [fixed_length_tokens_per_cost(requests, costs, k) for k in (1, 2, 4, 8, 16, 63)])
         assert sized["tokens"] / sized["cost"] >= 0.97 * best, path.name

@@ -316,10 +316,10 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
 
 
 def time_methods(model, requests: list[Task], methods, *, on_request=None) -> dict[str, dict]:
-    """One run over `requests`: per method, summed seconds, tokens, forward passes and whether
-    every output was exact. Methods take turns on each request, so load hits all alike."""
+    """One run over `requests`: per method, the seconds of each request, summed tokens and
+    forward passes, and whether every output was exact. Methods take turns on each request, so load hits all alike."""
     options = {name: make() for name, make in methods}  # one drafter per method for all the requests
-    totals = {name: dict(seconds=0.0, request_seconds=[], tokens=0, forwards=0, exact=True) for name, _ in methods}
+    totals = {name: dict(request_seconds=[], tokens=0, forwards=0, exact=True) for name, _ in methods}
     forward_calls = [0]
     hook = model.register_forward_pre_hook(lambda *_: forward_calls.__setitem__(0, forward_calls[0] + 1))
     try:
@@ -330,7 +330,6 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None) -> di
                 out, seconds = _generate(model, task, options[name])
                 expected = out if expected is None else expected  # no reference: the first method's (greedy) output
                 t = totals[name]
-                t["seconds"] += seconds
                 t["request_seconds"].append(seconds)
                 t["tokens"] += len(out) - len(task.prompt)
                 t["forwards"] += forward_calls[0]

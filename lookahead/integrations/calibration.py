@@ -23,13 +23,13 @@ def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
 
 def step_costs(model) -> StepCosts:
     """A fresh StepCosts for one request, seeded with the model's calibrated step times."""
-    return StepCosts(_calibrate(model, 256, 3)["chain"])
+    return StepCosts(_calibrate(model)["chain"])
 
 
 def tree_cost_16(model) -> float:
     """Time of a forward pass over a 16-node tree (explicit 4D mask, as the engine verifies
     trees) relative to one token: what a tree step really costs, mask path included."""
-    times = _calibrate(model, 256, 3)
+    times = _calibrate(model)
     return float(times["tree16"] / times["chain"][0])
 
 
@@ -43,7 +43,7 @@ def _timed(model, run) -> float:
     return time.perf_counter() - start
 
 
-def _calibrate(model, context: int, repeats: int) -> dict:
+def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     """{"chain": seconds per forward over SIZES new tokens, "tree16": seconds over a 16-node
     tree with an explicit mask}, after `context` cached tokens; measured once per model shape.
 
@@ -90,6 +90,6 @@ def _calibrate(model, context: int, repeats: int) -> dict:
 def fixed_cost_tokens(model) -> float:
     """F / p of the line F + p * n through the calibrated step times over SIZES tokens: the
     prior a batched loop starts from (lookahead.sizing.StepCostFit) before its own steps are timed."""
-    seconds = _calibrate(model, 256, 3)["chain"]
+    seconds = _calibrate(model)["chain"]
     per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), seconds, 1)
     return float(np.clip(fixed / per_token, 1.0, 4096.0)) if per_token > 0 else 4096.0

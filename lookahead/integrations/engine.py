@@ -29,7 +29,7 @@ from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import step_costs, tree_cost_16
 from lookahead.integrations.transformers import (
-    drop_cache_tail, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
+    drop_cache_tail, first_stop, keep_cache_positions, new_cache, streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
 )
 from lookahead.sizing import DraftSizer, plan_step
 
@@ -151,7 +151,7 @@ def generate(
             "stop_strings needs tokenizer= to decode the generated tokens. Through model.generate(custom_generate=...) "
             "transformers does not forward tokenizer=; bind it: custom_generate=functools.partial(lookahead.generate, tokenizer=tokenizer)"
         )
-    stop = _StopStrings(tokenizer, stop_strings) if stop_strings else None
+    stop = StopStringCriteria(tokenizer, stop_strings) if stop_strings else None
     do_sample = bool(config.do_sample)
     mask = kwargs.get("attention_mask")
     if input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all())):
@@ -317,38 +317,21 @@ def _choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_samp
 
 
 def _stop_index(sequence, new, max_len, eos, criteria, stop):
-    """How many of `new` to keep if generation stops among them (None: it goes on)."""
+    """How many of `new` to keep if generation stops among them (None: it goes on).
+
+    `stop` (a StopStringCriteria) is checked after every token of `new`, as plain generate
+    checks it, in one batched call on the last tokens it reads (first_stop).
+    """
+    completes = len(new) if stop is None else first_stop([stop], torch.tensor(sequence[-stop.maximum_token_len :]), np.asarray(new))
     for i, token in enumerate(new):
         length = len(sequence) + i + 1
-        if token in eos or length >= max_len:
-            return i + 1
-        if stop is not None and stop.completed_by(sequence, new[: i + 1]):
+        if token in eos or length >= max_len or i == completes:
             return i + 1
         if criteria:
             ids = torch.tensor([sequence + new[: i + 1]])
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None
-
-
-class _StopStrings:
-    """Plain generate's stop-string check (transformers' StopStringCriteria), on the tokens it can read.
-
-    The criterion matches a stop string on its characters, or its UTF-8 bytes for
-    byte-level tokenizers, and reads at most one token per character or byte (it cuts its
-    input to that many itself). Handing it the last `window` tokens, at least that many,
-    makes each check exactly the one plain generate makes after that token, whatever the
-    strings' length, at O(window) per token instead of O(sequence).
-    """
-
-    def __init__(self, tokenizer, stop_strings: list[str]):
-        self.criterion = StopStringCriteria(tokenizer, stop_strings)
-        self.window = max(1, *(len(s.encode("utf-8")) for s in stop_strings))  # >= len(s) in characters
-
-    def completed_by(self, sequence: list[int], new: list[int]) -> bool:
-        """Whether the last token of sequence + new completes a stop string."""
-        tail = (sequence[-self.window :] + new)[-self.window :]
-        return bool(self.criterion(torch.tensor([tail]), None).any())
 
 
 def _emit(streamer, tokens: list[int]) -> None:
