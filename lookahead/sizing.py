@@ -310,41 +310,70 @@ class StepCostFit:
         return float(np.clip(fixed / per_token, *self.bounds))
 
 
-# -- padded batched steps (our engine: rows right-padded to one block width) -----------------
+# -- static batches (our engine: rows right-padded to one block width, until the last row ends) --
 #
 # Our engine verifies B rows as one (B, W) block: each row's own token and draft, right-padded
-# to the widest. The step costs F + p*B*W whatever the rows hold, so widening the block by one
-# costs B tokens of compute, and a row's draft up to W - 1 tokens rides free once another row
-# needs that width. With h = F / p the best width maximises G(W) / (h + B*W).
+# to the widest. A step costs F + p*B*W whatever the rows hold, and the batch runs until its
+# last row ends, each row leaving the block as it ends. With h = F / p, the batch's
+# remaining time is about h * (its steps) + (the places its rows take in them). A step
+# shortens the second by every token a row gains, but the first only by what the rows
+# furthest behind all gain: row r, with R_r tokens still to write at its rate so far of
+# e_r tokens per step, has about N_r = R_r / e_r steps left; the rows within one step of
+# the largest N are behind, and the batch's steps fall by the least of their gains, whose
+# expectation is M(W) = sum_{j=1..W-1} prod_{r behind} a_r^j (a row whose draft is shorter
+# than j: 0). The width W then maximises the step's worth per unit of its cost,
+#     (h * (1 + M(W)) + sum_r G_r(W)) / (h + B * W),
+# G_r(W) = 1 + a_r + ... + a_r^min(n_r, W-1) the row's expected tokens (a_r its keep
+# chance, n_r its draft); a plain step scores 1. For one row this is tokens per unit of
+# time, (h + 1) G(W) / (h + W); rows alike and level draft only where all are likely to
+# keep (a continuously refilled batch, batch_draft_sizes, values every row's tokens alike).
 
 
-def padded_batch_draft_sizes(keep_chances, lengths, *, fixed_cost_tokens: float) -> list[int]:
-    """How many drafted tokens of each row a padded batched step verifies, for the most tokens per second.
+def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, fixed_cost_tokens: float) -> list[int]:
+    """How many drafted tokens of each row a step of a static padded batch verifies, to finish the batch soonest.
 
-    The step's width W (1 + the drafted tokens of its widest row) maximises
-    G(W) / (fixed_cost_tokens + rows * W), G(W) = sum_i sum_{j=0..min(lengths[i], W-1)} a_i^j the
-    expected tokens (row i's j-th drafted token kept with chance a_i^j); every row then verifies
-    min(lengths[i], W - 1) tokens: the padding would cost as much. The rule: widen while the
-    expected tokens the extra column adds exceed rows / (h + rows * W) of the step's, so drafts
-    shrink as rows grow and stop where no column pays for its rows. Ties go to the narrower block.
+    The step's width W (1 + the most drafted tokens of a row) maximises the value of the
+    step's tokens over its cost (above); every row then verifies min(lengths[r], W - 1) tokens (the padding would cost
+    as much). Ties go to the narrower block.
 
-    Arguments and result as batch_draft_sizes'.
+    Args:
+        keep_chances: per row, the chance a drafted token is kept (DraftSizer.keep_chance).
+        lengths: per row, the drafted tokens available (0: none).
+        remaining: per row, the most tokens it may still write (>= 1).
+        rates: per row, its tokens per step so far (>= 1; 1 before its first step).
+        fixed_cost_tokens: the step's fixed cost in verified tokens, F / p (> 0).
+    Returns:
+        per row, the number of its drafted tokens to verify.
 
     Example:
-        >>> padded_batch_draft_sizes([0.9, 0.2], [4, 4], fixed_cost_tokens=1000.0)  # idle hardware: whole drafts
-        [4, 4]
-        >>> padded_batch_draft_sizes([0.5] * 2, [4] * 2, fixed_cost_tokens=4.0)  # a CPU: 2 rows draft a token
+        >>> static_batch_draft_sizes([0.9] * 2, [8] * 2, [64] * 2, [1] * 2, fixed_cost_tokens=1000.0)  # idle hardware
+        [8, 8]
+        >>> static_batch_draft_sizes([0.6] * 2, [4] * 2, [64] * 2, [1] * 2, fixed_cost_tokens=4.0)  # a CPU, 2 rows
         [1, 1]
-        >>> padded_batch_draft_sizes([0.5] * 16, [4] * 16, fixed_cost_tokens=4.0)  # 16 rows: a column costs 16 tokens
+        >>> static_batch_draft_sizes([0.6] * 16, [4] * 16, [64] * 16, [1] * 16, fixed_cost_tokens=4.0)  # 16 rows: a column costs 16
         [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        >>> static_batch_draft_sizes([0.9, 0.2], [8, 8], [60, 60], [1, 1], fixed_cost_tokens=8.0)  # rows level: both must keep
+        [1, 1]
+        >>> static_batch_draft_sizes([0.9, 0.2], [8, 8], [60, 60], [2.0, 1.0], fixed_cost_tokens=8.0)  # the row behind keeps little
+        [1, 1]
+        >>> static_batch_draft_sizes([0.2, 0.9], [8, 8], [60, 60], [2.0, 1.0], fixed_cost_tokens=8.0)  # the row behind keeps much
+        [6, 6]
     """
     chances, lengths = _rows(keep_chances, lengths, fixed_cost_tokens)
+    steps = np.asarray(remaining, dtype=np.float64) / np.asarray(rates, dtype=np.float64)  # N_r
+    if steps.shape != chances.shape:
+        raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
+                         f"{np.shape(remaining)} and {np.shape(rates)}")
     rows = chances.shape[0]
     if rows == 0 or lengths.max(initial=0) == 0:
         return [0] * rows
+    behind = steps >= steps.max() - 1
     drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
-    # expected[w] = G(w + 1): per row the geometric sum up to min(length, w) drafted tokens
-    depth = np.minimum(drafted[:, None], lengths[None, :])
-    expected = ((1 - chances[None, :] ** (depth + 1)) / (1 - chances[None, :])).sum(axis=1)
-    best = int(np.argmax(expected / (fixed_cost_tokens + rows * (drafted + 1))))
+    depth = np.minimum(drafted[:, None], lengths[None, :])  # (widths, rows): tokens of row r verified
+    expected = (1 - chances ** (depth + 1)) / (1 - chances)  # G_r(W) = 1 + a + ... + a^depth
+    # P(every row behind keeps j tokens), j = 1..: prod_r a_r^j, 0 where a row's draft is shorter
+    all_keep = np.prod(np.where(drafted[1:, None] <= lengths[behind][None, :], chances[behind][None, :] ** drafted[1:, None], 0.0), axis=1)
+    least = np.concatenate([[0.0], np.cumsum(all_keep)])  # M(W)
+    worth = fixed_cost_tokens * (1 + least) + expected.sum(axis=1)
+    best = int(np.argmax(worth / (fixed_cost_tokens + rows * (drafted + 1))))
     return np.minimum(lengths, best).tolist()

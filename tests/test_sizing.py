@@ -1,5 +1,8 @@
 """Cost-aware draft sizing (lookahead.sizing) and the verify-cost calibration."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 
@@ -7,7 +10,7 @@ from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
-from lookahead.sizing import DraftSizer, StepCosts, cost_curve, padded_batch_draft_sizes
+from lookahead.sizing import DraftSizer, StepCosts, cost_curve, static_batch_draft_sizes
 from tests.models import SHARED, tiny_model
 
 LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
@@ -159,34 +162,62 @@ def test_bad_cost_curves_are_refused(points):
         cost_curve(points)
 
 
-def brute_padded_sizes(chances, lengths, h):
-    """Every block width tried: the one with the most expected tokens per unit of cost h + rows * width (narrowest on ties)."""
-    best, best_rate = 0, -1.0
+def kept_distribution(a: float, m: int) -> list[float]:
+    """P(a row keeps k of m verified drafted tokens), k = 0..m: each kept with chance a after the ones before."""
+    return [a**k * (1 - a) for k in range(m)] + [a**m]
+
+
+def brute_static_sizes(chances, lengths, remaining, rates, h):
+    """Every block width tried, the rows behind's least gain by enumerating their joint outcomes."""
+    steps = [r / e for r, e in zip(remaining, rates)]
+    behind = [i for i, n in enumerate(steps) if n >= max(steps) - 1]
+    best, best_worth = 0, -1.0
     for drafted in range(max(lengths) + 1):
-        expected = sum(sum(a**j for j in range(min(n, drafted) + 1)) for a, n in zip(chances, lengths))
-        rate = expected / (h + len(chances) * (drafted + 1))
-        if rate > best_rate + 1e-12:
-            best, best_rate = drafted, rate
+        depth = [min(n, drafted) for n in lengths]
+        expected = sum(sum(k * p for k, p in enumerate(kept_distribution(a, m))) + 1 for a, m in zip(chances, depth))
+        least = 0.0
+        for outcome in itertools.product(*(range(depth[i] + 1) for i in behind)):
+            chance = math.prod(kept_distribution(chances[i], depth[i])[k] for i, k in zip(behind, outcome))
+            least += chance * min(outcome)
+        worth = (h * (1 + least) + expected) / (h + len(chances) * (drafted + 1))
+        if worth > best_worth + 1e-12:
+            best, best_worth = drafted, worth
     return [min(n, best) for n in lengths]
 
 
-def test_padded_batch_sizes_equal_trying_every_width():
+def test_static_batch_sizes_equal_trying_every_width():
     rng = np.random.default_rng(0)
     for _ in range(300):
-        rows = int(rng.integers(1, 17))
+        rows = int(rng.integers(1, 6))
         chances = rng.uniform(0, 0.99, rows).tolist()
-        lengths = rng.integers(0, 20, rows).tolist()
+        lengths = rng.integers(0, 6, rows).tolist()
+        remaining = rng.choice([8, 30, 31, 60], rows).tolist()
+        rates = rng.choice([1.0, 1.0, 1.5, 2.0], rows).tolist()
         h = float(rng.choice([1.0, 4.0, 16.0, 64.0, 1000.0]))
-        assert padded_batch_draft_sizes(chances, lengths, fixed_cost_tokens=h) == brute_padded_sizes(chances, lengths, h)
+        got = static_batch_draft_sizes(chances, lengths, remaining, rates, fixed_cost_tokens=h)
+        assert got == brute_static_sizes(chances, lengths, remaining, rates, h)
 
 
-def test_padded_batch_drafts_shrink_as_the_batch_grows_and_stop_where_they_do_not_pay():
-    widths = [max(padded_batch_draft_sizes([0.7] * rows, [16] * rows, fixed_cost_tokens=16.0)) for rows in (1, 2, 4, 8, 16, 64)]
+def test_static_batch_sizes_for_one_row_maximise_its_tokens_per_unit_of_time():
+    for a, n, h in itertools.product([0.1, 0.5, 0.8, 0.95], [1, 4, 16], [1.0, 8.0, 64.0]):
+        best = max(range(n + 1), key=lambda d: (sum(a**j for j in range(d + 1)) / (h + d + 1), -d))
+        assert static_batch_draft_sizes([a], [n], [64], [1.0], fixed_cost_tokens=h) == [best]
+
+
+def test_static_batch_drafts_shrink_as_the_batch_grows_and_follow_the_rows_behind():
+    widths = [max(static_batch_draft_sizes([0.9] * rows, [16] * rows, [64] * rows, [1.0] * rows, fixed_cost_tokens=16.0))
+              for rows in (1, 2, 4, 8, 16, 64)]
     assert widths == sorted(widths, reverse=True) and widths[0] >= 4 and widths[-1] == 0
-    assert padded_batch_draft_sizes([0.95] * 16, [16] * 16, fixed_cost_tokens=4096.0) == [16] * 16  # idle hardware: whole drafts
-    assert padded_batch_draft_sizes([0.9, 0.0], [8, 3], fixed_cost_tokens=64.0) == [8, 3]  # a short row fills paid columns
+    # idle hardware: whole drafts where the row behind is likely to keep them
+    assert static_batch_draft_sizes([0.95] * 16, [16] * 16, [64] * 16, [2.0] * 15 + [1.0], fixed_cost_tokens=4096.0) == [16] * 16
+    # one row far behind: its draft decides; the others' only buy their own share
+    ahead = [0.1] * 7
+    assert max(static_batch_draft_sizes(ahead + [0.9], [8] * 8, [20] * 7 + [60], [1.0] * 8, fixed_cost_tokens=16.0)) >= 4
+    assert static_batch_draft_sizes([0.9] * 7 + [0.05], [8] * 8, [20] * 7 + [60], [1.0] * 8, fixed_cost_tokens=16.0) == [0] * 8
     with pytest.raises(ValueError, match="fixed_cost_tokens"):
-        padded_batch_draft_sizes([0.5], [3], fixed_cost_tokens=0.0)
+        static_batch_draft_sizes([0.5], [3], [8], [1.0], fixed_cost_tokens=0.0)
+    with pytest.raises(ValueError, match="one entry per row"):
+        static_batch_draft_sizes([0.5, 0.5], [3, 3], [8], [1.0], fixed_cost_tokens=4.0)
 
 
 TRACES = SHARED / "traces"

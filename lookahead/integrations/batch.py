@@ -40,7 +40,7 @@ from lookahead.integrations.transformers import (
     cache_rows_gatherable, drop_cache_tail, gather_cache_rows, gather_cache_tail, new_cache, pad_token_id, row_processors,
     supports_logits_to_keep, vocab_size,
 )
-from lookahead.sizing import DraftSizer, StepCostFit, cost_curve, padded_batch_draft_sizes
+from lookahead.sizing import DraftSizer, StepCostFit, cost_curve, static_batch_draft_sizes
 
 _UNUSED_COSTS = cost_curve((1,) * 7)  # a row's sizer only learns keep chances; the batch's StepCostFit prices steps
 
@@ -54,6 +54,7 @@ class _Row:
     stats: DraftStats  # the row's request's stats (the drafter's own, until its reset files the request)
     processors: LogitsProcessorList  # the logits processors as they act on this row (row_processors)
     cached: int = 0  # the row's real tokens in the cache
+    steps: int = 0  # steps the row has taken
 
 
 @dataclass
@@ -99,7 +100,7 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
         with torch.inference_mode():
             while active:
                 tree_step = use_tree and not first  # the prefill step verifies chains, as for one row
-                plans = _plan(active, fit, tree_step, max_tree_nodes, max_len)
+                plans = _plan(active, fit, tree_step, max_tree_nodes, max_len, prompt_len, first)
                 start = time.perf_counter()
                 walks, width = _verify(model, cache, active, plans, first, tree_step, do_sample, logits_to_keep, device)
                 if fit is not None and not first:
@@ -114,6 +115,7 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
                     stop_at = _stop_index(row.context, new, max_len, eos, criteria, stop)
                     new = new if stop_at is None else new[:stop_at]
                     row.context += new
+                    row.steps += 1
                     row.drafter.extend(new)
                     if stop_at is not None:
                         row.drafter.reset(())  # finished: its prompt and whole output go into the shared memory
@@ -139,8 +141,12 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
     return sequences
 
 
-def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_nodes: int, max_len: int) -> list[_Plan]:
-    """Each row's draft for one step, sized for the batch's real shape (padded_batch_draft_sizes)."""
+def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_nodes: int, max_len: int, prompt_len: int,
+          first: bool) -> list[_Plan]:
+    """Each row's draft for one step, sized to finish the batch soonest (static_batch_draft_sizes).
+
+    Sized, the first step (the prefill) verifies no drafts: it is compute-bound (B x L tokens),
+    so drafts there cost their share, and they could save at most one step."""
     rooms = [max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
     if fit is None:  # unsized: whole drafts
         if tree:
@@ -149,8 +155,12 @@ def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_node
         chains = [row.drafter.propose(room) for row, room in zip(active, rooms)]
         return [_Plan(c, c, len(c)) for c in chains]
     chains = [row.drafter.propose(room) for row, room in zip(active, rooms)]
+    if first:
+        return [_Plan(c, c.prefix(0), 0) for c in chains]
     chances = [row.sizer.keep_chance(c.match_len) for row, c in zip(active, chains)]
-    sizes = padded_batch_draft_sizes(chances, [len(c) for c in chains], fixed_cost_tokens=fit.fixed_cost_tokens)
+    rates = [(len(row.context) - prompt_len + 1) / (row.steps + 1) for row in active]  # tokens per step so far, from 1
+    sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates,
+                                     fixed_cost_tokens=fit.fixed_cost_tokens)
     width = max(sizes)
     if not tree or width == 0:
         return [_Plan(c, c.prefix(s), s) for c, s in zip(chains, sizes)]
