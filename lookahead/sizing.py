@@ -332,9 +332,9 @@ class StepCostFit:
 def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, fixed_cost_tokens: float) -> list[int]:
     """How many drafted tokens of each row a step of a static padded batch verifies, to finish the batch soonest.
 
-    The step's width W (1 + the most drafted tokens of a row) maximises the value of the
-    step's tokens over its cost (above); every row then verifies min(lengths[r], W - 1) tokens (the padding would cost
-    as much). Ties go to the narrower block.
+    The step's width W (1 + the most drafted tokens of a row) maximises the step's worth per
+    unit of its cost (above); every row then verifies min(lengths[r], W - 1) tokens (the
+    padding would cost as much). Ties go to the narrower block.
 
     Args:
         keep_chances: per row, the chance a drafted token is kept (DraftSizer.keep_chance).
@@ -360,19 +360,21 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, fixed_c
         [6, 6]
     """
     chances, lengths = _rows(keep_chances, lengths, fixed_cost_tokens)
-    steps = np.asarray(remaining, dtype=np.float64) / np.asarray(rates, dtype=np.float64)  # N_r
-    if steps.shape != chances.shape:
+    remaining, rates = np.asarray(remaining, dtype=np.float64), np.asarray(rates, dtype=np.float64)
+    if remaining.shape != chances.shape or rates.shape != chances.shape:
         raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
-                         f"{np.shape(remaining)} and {np.shape(rates)}")
+                         f"{remaining.shape} and {rates.shape}")
+    steps = remaining / rates  # N_r: steps each row has left at its rate so far
     rows = chances.shape[0]
     if rows == 0 or lengths.max(initial=0) == 0:
         return [0] * rows
-    behind = steps >= steps.max() - 1
+    behind = steps >= steps.max() - 1  # the rows that would end on the batch's last step
     drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
     depth = np.minimum(drafted[:, None], lengths[None, :])  # (widths, rows): tokens of row r verified
     expected = (1 - chances ** (depth + 1)) / (1 - chances)  # G_r(W) = 1 + a + ... + a^depth
     # P(every row behind keeps j tokens), j = 1..: prod_r a_r^j, 0 where a row's draft is shorter
-    all_keep = np.prod(np.where(drafted[1:, None] <= lengths[behind][None, :], chances[behind][None, :] ** drafted[1:, None], 0.0), axis=1)
+    j = drafted[1:, None]
+    all_keep = np.prod(np.where(j <= lengths[behind], chances[behind] ** j, 0.0), axis=1)
     least = np.concatenate([[0.0], np.cumsum(all_keep)])  # M(W)
     worth = fixed_cost_tokens * (1 + least) + expected.sum(axis=1)
     best = int(np.argmax(worth / (fixed_cost_tokens + rows * (drafted + 1))))
