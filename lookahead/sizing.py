@@ -266,13 +266,24 @@ def _rows(keep_chances, lengths, fixed_cost_tokens: float) -> tuple[np.ndarray, 
     return chances, lengths
 
 
+FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
+
+
+def fixed_cost_tokens_of(fixed: float, per_token: float, bounds=FIXED_COST_BOUNDS) -> float:
+    """F / p of a step time F + p * tokens, clamped to `bounds`; p <= 0 (extra tokens cost
+    nothing measurable) gives the upper bound."""
+    if per_token <= 0:
+        return float(bounds[1])
+    return float(np.clip(fixed / per_token, *bounds))
+
+
 class StepCostFit:
     """Learns fixed_cost_tokens (F / p) from a loop's measured steps: wall time = F + p * tokens.
 
     A least-squares fit with old samples fading, pulled toward `prior` (F = prior * p) by a
     penalty worth `prior_weight` samples one token apart: steps all of one size, or none,
-    leave it at the prior; a spread of sizes moves it to what they show. The estimate is clamped to `bounds`; a fitted p <= 0 (extra tokens cost
-    nothing measurable) gives the upper bound.
+    leave it at the prior; a spread of sizes moves it to what they show. The estimate is
+    clamped to `bounds` (fixed_cost_tokens_of).
 
     Example:
         >>> fit = StepCostFit(prior=64.0)
@@ -282,7 +293,7 @@ class StepCostFit:
         10.0
     """
 
-    def __init__(self, prior: float, *, prior_weight: float = 4.0, fade: float = 0.99, bounds=(1.0, 4096.0)):
+    def __init__(self, prior: float, *, prior_weight: float = 4.0, fade: float = 0.99, bounds=FIXED_COST_BOUNDS):
         if not bounds[0] <= prior <= bounds[1]:
             raise ValueError(f"prior must lie in {bounds}, got {prior!r}")
         self.prior = float(prior)
@@ -305,9 +316,7 @@ class StepCostFit:
             return self.prior
         prior = np.array([1.0, -self.prior]) / np.hypot(1.0, self.prior)  # penalty prior_weight * (F - prior * p)^2 / (1 + prior^2)
         fixed, per_token = np.linalg.solve(self._normal + self.prior_weight * np.outer(prior, prior), self._moment)
-        if per_token <= 0:
-            return float(self.bounds[1])
-        return float(np.clip(fixed / per_token, *self.bounds))
+        return fixed_cost_tokens_of(fixed, per_token, self.bounds)
 
 
 # -- static batches (our engine: rows right-padded to one block width, until the last row ends) --
@@ -340,7 +349,7 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, fixed_c
         keep_chances: per row, the chance a drafted token is kept (DraftSizer.keep_chance).
         lengths: per row, the drafted tokens available (0: none).
         remaining: per row, the most tokens it may still write (>= 1).
-        rates: per row, its tokens per step so far (>= 1; 1 before its first step).
+        rates: per row, its tokens per step so far (>= 1).
         fixed_cost_tokens: the step's fixed cost in verified tokens, F / p (> 0).
     Returns:
         per row, the number of its drafted tokens to verify.

@@ -21,7 +21,6 @@ from lookahead.bench import e2e
 from lookahead.bench.tables import format_table
 
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
-DEFAULT_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
 
 
@@ -54,7 +53,7 @@ def run_batch_bench(args) -> int:
     if not traces:
         print(f"lookahead bench --batch: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
         return 0
-    max_new = args.max_new_tokens_given or DEFAULT_MAX_NEW_TOKENS
+    max_new = args.max_new_tokens
     prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT_TOKENS
     vocab = e2e.TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
     per_file = e2e._read_traces(list(traces), max(sizes), vocab)
@@ -141,13 +140,8 @@ def _run(model, tasks: list[e2e.Task], method: str) -> tuple[list[list[int]], fl
                   eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
     if method == "lookahead.generate":
         kwargs |= dict(custom_generate=lookahead.generate, assistant=LookupDrafter())  # a fresh drafter per batch
-    forwards = [0]
-    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-    try:
-        out, seconds = e2e.timed_generate(model, ids, kwargs)
-    finally:
-        hook.remove()
-    return out.tolist(), seconds, forwards[0]
+    out, seconds, forwards = e2e.timed_generate(model, ids, kwargs)
+    return out.tolist(), seconds, forwards
 
 
 def _generated(out: list[list[int]], tasks: list[e2e.Task]) -> int:

