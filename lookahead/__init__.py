@@ -32,7 +32,7 @@ __all__ = [
 def __getattr__(name: str):
     # PEP 562: the torch-side names load on first use, so `import lookahead` stays torch-free.
     if name == "generate":
-        from lookahead.integrations.engine import generate
+        from lookahead.integrations.generate import generate
 
         return generate
     if name == "verify_costs":

@@ -1,9 +1,16 @@
-"""What a drafter proposes (`Draft`) and what verification kept of it (`DraftStats`).
+"""What a drafter proposes (`Draft`), what a step verifies of it (`StepPlan`) and what verification kept (`DraftStats`).
 
-Vocabulary used from the kernels to the command line:
+Vocabulary used from the kernels to the command line (and translated from transformers'
+`prompt_lookup_num_tokens` / `max_matching_ngram_size` and vLLM's `num_speculative_tokens`
+only at those adapters):
 - `num_draft_tokens`: most tokens a draft holds (per branch, for a tree);
+- `min_ngram` / `max_ngram`: the shortest and longest suffix that may anchor a draft;
 - `max_tree_nodes`: most nodes a tree draft holds;
 - `match_len`: length of the suffix a draft is anchored on;
+- `room`: draft tokens that fit in a step (the step's own token takes the last place);
+- a step's block: `rows` x `width` tokens, width = uncached tokens + the longest draft;
+- keep chance: the chance that a drafted token is kept (sizing.keep_rate);
+- `fixed_cost_tokens` (h = F / p): how many verified tokens cost as much as a step's fixed part;
 - τ (`tau`): tokens per verify step, the model's own token included.
 """
 
@@ -45,6 +52,19 @@ class Draft:
 
 
 EMPTY_DRAFT = Draft(_EMPTY_IDS, _EMPTY_IDS, 0)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's drafting: the drafter's chain, the draft verified, and how many chain tokens it stands for.
+
+    `draft` is `chain.prefix(size)`, or a tree with the nodes that cost what `size` chain
+    tokens would; the keep rate learns from the chain either way (sizing.keep_rate).
+    """
+
+    chain: Draft
+    draft: Draft
+    size: int
 
 
 @dataclass

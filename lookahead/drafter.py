@@ -9,7 +9,7 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
-from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_token_ids
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
@@ -68,7 +68,7 @@ class LookupDrafter:
     `propose(num_draft_tokens)` (or `propose_tree`) and `extend(verified_ids)`; `stats`
     describes the current request. The drafter needs numpy and numba only; what
     transformers reads on an `assistant_model` is answered by
-    `lookahead.integrations.transformers`, imported on first use.
+    `lookahead.integrations.assistant`, imported on first use.
 
     One drafter serves one request at a time, in the thread that started it (`reset`):
     `extend`/`propose` from another thread, and a second request while a loop holds the
@@ -150,7 +150,7 @@ class LookupDrafter:
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self._trie = DraftTrie()  # rebuilt by every propose
-        self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
+        self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
         self.vocab_size = vocab_size
         self.stats = DraftStats()
@@ -351,7 +351,7 @@ class LookupDrafter:
     # -- transformers' assistant_model protocol ----------------------------------------------
     # transformers' generate() treats an assistant_model as a model and reads these five
     # names. One adapter per drafter answers them and owns that loop's per-request state;
-    # it lives in lookahead.integrations.transformers, imported here on first use, so the
+    # it lives in lookahead.integrations.assistant, imported here on first use, so the
     # drafting core never imports torch or transformers. Note: transformers reads `config`
     # and `device` while it validates the call, and the adapter checks the call there
     # (see TransformersAssistant.config). Read on the class (assistant_model=LookupDrafter,
@@ -370,24 +370,9 @@ class LookupDrafter:
 
     def _transformers(self):
         if self._transformers_adapter is None:
-            from lookahead.integrations.transformers import TransformersAssistant
+            from lookahead.integrations.assistant import TransformersAssistant
 
             with _ADAPTER_LOCK:  # one adapter per drafter, even when two threads first call at once
                 if self._transformers_adapter is None:
                     self._transformers_adapter = TransformersAssistant(self)
         return self._transformers_adapter
-
-
-def _as_id_set(token_id) -> frozenset[int]:
-    if token_id is None:
-        return frozenset()
-    if isinstance(token_id, (int, np.integer)):
-        return frozenset([int(token_id)])
-    if hasattr(token_id, "tolist"):
-        token_id = token_id.tolist()
-        if isinstance(token_id, int):
-            return frozenset([token_id])
-    ids = list(token_id)
-    if not all(isinstance(t, (int, np.integer)) for t in ids):
-        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_id!r}")
-    return frozenset(int(t) for t in ids)

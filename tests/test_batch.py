@@ -8,7 +8,8 @@ from transformers import AutoTokenizer
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
-from lookahead.integrations import batch as batch_module
+from lookahead.integrations import generate as generate_module
+from lookahead.sizing.cost import LineCost
 from tests.cases import make_case, story_prompt
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
 
@@ -126,15 +127,17 @@ def test_stop_strings_end_each_row_where_plain_generate_does():
         assert got.tolist() == expected.tolist(), tree
 
 
-def test_one_left_padded_row_runs_batched_and_one_unpadded_row_keeps_the_single_row_loop(monkeypatch):
+def test_one_left_padded_row_drafts_as_a_batch_row_and_one_unpadded_row_with_the_callers_drafter():
     model = tiny_model("llama")
     ids, mask = left_padded([[5, 6, 7, 5, 6, 7, 5], [9, 10, 9, 10]])
-    padded = lookahead.generate(model, ids[1:], attention_mask=mask[1:], max_new_tokens=12, do_sample=False)
+    drafter = LookupDrafter()
+    padded = lookahead.generate(model, ids[1:], attention_mask=mask[1:], drafter=drafter, max_new_tokens=12, do_sample=False)
     assert padded.tolist() == model.generate(ids[1:], attention_mask=mask[1:], max_new_tokens=12, do_sample=False).tolist()
-    monkeypatch.setattr(batch_module, "generate_batch", lambda *a, **k: pytest.fail("batch size 1 took the batched loop"))
+    assert len(drafter.index) == 0 and drafter.memory.num_sequences == 1  # a batch row: filed into memory when it ended
     one = torch.tensor([[5, 6, 7, 5, 6, 7, 5]])
-    assert lookahead.generate(model, one, max_new_tokens=12, do_sample=False).tolist() == \
-        model.generate(one, max_new_tokens=12, do_sample=False).tolist()
+    got = lookahead.generate(model, one, drafter=drafter, max_new_tokens=12, do_sample=False)
+    assert got.tolist() == model.generate(one, max_new_tokens=12, do_sample=False).tolist()
+    assert drafter.index.tokens.tolist() == got[0].tolist()  # one row: the caller's drafter holds the request
 
 
 def test_rows_share_memory_and_documents_and_stats_fold_into_the_drafter():
@@ -186,58 +189,23 @@ def test_return_dict_in_generate_holds_the_sequences():
     assert got.sequences.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False).tolist()
 
 
-@pytest.mark.parametrize("tree", [True, False])
-def test_each_rows_cache_holds_exactly_its_accepted_tokens_after_every_step(monkeypatch, tree):
-    # After each step a row's real slots equal a fresh one-row forward of its tokens: no
-    # padding, fill or rejected draft token among them, and nothing of another row.
-    model = stories_model()
-    ids, mask = story_batch(model)
-    original, checked = batch_module._RowCache.keep, []
+class FixedCosts:
+    """The loop's costs with F / p fixed at 8 for every row count: its sizing, free of this machine's timings."""
 
-    def spy(self, going, kept_blocks, width):
-        rows = [spy.active[r] for r in going]
-        original(self, going, kept_blocks, width)
-        with torch.no_grad():
-            for r, (row, kept) in enumerate(zip(rows, kept_blocks)):
-                tokens = row.context[row.pad :][: row.cached + len(kept)]
-                fresh = model(torch.tensor([tokens]), use_cache=True).past_key_values
-                slots = self.real[r].nonzero()[:, 0]
-                for layer, fresh_layer in zip(self.cache.layers, fresh.layers):
-                    torch.testing.assert_close(layer.keys[r, :, slots], fresh_layer.keys[0], atol=1e-4, rtol=1e-4)
-                    torch.testing.assert_close(layer.values[r, :, slots], fresh_layer.values[0], atol=1e-4, rtol=1e-4)
-        checked.append((self.real.shape[1], int(self.real.sum(dim=1).max())))
+    def __init__(self, model=None):
+        self.line = LineCost(8.0)
 
-    original_verify = batch_module._verify
+    def at(self, rows):
+        return self.line
 
-    def verify(model, cache, active, *args, **kwargs):
-        spy.active = active
-        return original_verify(model, cache, active, *args, **kwargs)
-
-    monkeypatch.setattr(batch_module._RowCache, "keep", spy)
-    monkeypatch.setattr(batch_module, "_verify", verify)
-    drafter = LookupDrafter(cost_aware=False)
-    out = lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=40, do_sample=False)
-    assert out.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False).tolist()
-    assert len(checked) >= 3 and drafter.stats.accepted > 0 and drafter.stats.drafted > drafter.stats.accepted  # some rejected
-    assert any(slots > longest for slots, longest in checked)  # steps that left holes (not only left padding) were checked too
-
-
-class FixedCost:
-    """A StepCostFit stand-in with F / p fixed: the loop's sizing, free of this machine's timings."""
-
-    fixed_cost_tokens = 8.0
-
-    def __init__(self, prior):
-        pass
-
-    def add(self, tokens, seconds):
+    def observe(self, rows, width, seconds, *, tree=False):
         pass
 
 
 def test_drafts_shrink_as_the_batch_grows(monkeypatch):
     # The same two stories at 2 rows and copied to 16: a column costs 16 tokens instead of 2, so
     # the loop verifies fewer drafted tokens per row; every output stays exact.
-    monkeypatch.setattr(batch_module, "StepCostFit", FixedCost)
+    monkeypatch.setattr(generate_module, "loop_costs", FixedCosts)
     model = stories_model()
     prompts = [story_prompt(model, length=60, repeat=5), story_prompt(model, length=30, repeat=3)]
     drafted = {}
@@ -251,28 +219,28 @@ def test_drafts_shrink_as_the_batch_grows(monkeypatch):
 
 
 def test_the_load_rule_sees_each_rows_remaining_tokens_and_rate_and_the_prefill_drafts_nothing(monkeypatch):
-    monkeypatch.setattr(batch_module, "StepCostFit", FixedCost)
-    seen, first_widths = [], []
-    original, original_verify = batch_module.static_batch_draft_sizes, batch_module._verify
+    monkeypatch.setattr(generate_module, "loop_costs", FixedCosts)
+    seen = []
+    original = generate_module.static_batch_draft_sizes
 
-    def sizes(chances, lengths, remaining, rates, *, fixed_cost_tokens):
+    def sizes(chances, lengths, remaining, rates, *, cost):
         seen.append((list(remaining), list(rates)))
-        return original(chances, lengths, remaining, rates, fixed_cost_tokens=fixed_cost_tokens)
+        return original(chances, lengths, remaining, rates, cost=cost)
 
-    def verify(model, cache, active, plans, first, *args, **kwargs):
-        if first:
-            first_widths.append(max(len(p.draft) for p in plans))
-        return original_verify(model, cache, active, plans, first, *args, **kwargs)
-
-    monkeypatch.setattr(batch_module, "static_batch_draft_sizes", sizes)
-    monkeypatch.setattr(batch_module, "_verify", verify)
+    monkeypatch.setattr(generate_module, "static_batch_draft_sizes", sizes)
     model = stories_model()
     prompts = [story_prompt(model, length=60, repeat=5), story_prompt(model, length=30, repeat=3)]
     ids, mask = left_padded(prompts)
     drafter = LookupDrafter()
     got = lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
     assert got.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False).tolist()
-    assert first_widths == [0] and drafter.stats.accepted > 0  # the prefill verified no draft; later steps kept some
+    # the stats hold row 0's steps, then row 1's: each row's first step (the prefill) verified no draft
+    stats, first_of_row, written = drafter.stats, [0], 0
+    for step, accepted in enumerate(stats.accepted_per_step):
+        written += accepted + 1
+        if written >= 40 and len(first_of_row) == 1:
+            first_of_row.append(step + 1)
+    assert [stats.drafted_per_step[i] for i in first_of_row] == [0, 0] and stats.accepted > 0  # later steps kept some
     assert seen[0] == ([39, 39], [1.0, 1.0])  # after the prefill's token: 39 to go, one token per step so far
     for remaining, rates in seen:
         for left, rate in zip(remaining, rates):

@@ -70,9 +70,9 @@ def test_traces_eos_is_the_recorded_end_and_cut_references_run_to_the_cut(tiny, 
 
 
 def test_forced_trace_task_stops_at_the_first_recorded_eos():
-    from lookahead.bench.replay import Request
+    from lookahead.bench.replay import TraceRequest
 
-    request = Request(np.array([1, 2]), np.array([5, 9, 6, 9]), None)
+    request = TraceRequest(np.array([1, 2]), np.array([5, 9, 6, 9]), None)
     task = e2e._forced_trace_task(request, max_new_tokens=10)
     assert (task.reference, task.eos_token_id, task.max_new_tokens) == ([5, 9], 9, 2)
     assert e2e._forced_trace_task(request, max_new_tokens=1).reference == [5]

@@ -9,8 +9,9 @@ from transformers import AutoTokenizer
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
-from lookahead.integrations import engine
-from lookahead.integrations.engine import _tree_supported
+from lookahead.integrations import generate as generate_module
+from lookahead.integrations.hf import tree_unsupported_reason
+from lookahead.integrations.verify import tree_visibility
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
 from tests.cases import Collect, make_case, story_prompt
 
@@ -104,26 +105,24 @@ def test_tree_steps_keep_exactly_the_accepted_path_in_the_cache():
     # After generating with trees, the cache must equal a fresh forward pass of the sequence.
     model = stories_model()
     prompt = story_prompt(model)
-    captured = {}
-    original = engine._keep_in_cache
+    trees = []
 
-    def spy(cache, cached, keep, block_len, is_chain):
-        original(cache, cached, keep, block_len, is_chain)
-        captured["cache"], captured["trees"] = cache, captured.get("trees", 0) + (not is_chain)
+    class Counting(LookupDrafter):
+        def propose_tree(self, *args, **kwargs):
+            draft = super().propose_tree(*args, **kwargs)
+            trees.append(len(draft) > 1 and bool((draft.parents != np.arange(len(draft)) - 1).any()))  # a real branch
+            return draft
 
-    engine._keep_in_cache = spy
-    try:
-        # cost_aware=False: tree sizes would follow this process's timing calibration, and a
-        # noisy one can cut every tree to a plain step, leaving nothing to check.
-        out = lookahead.generate(model, torch.tensor([prompt]), drafter=LookupDrafter(cost_aware=False), tree=True,
-                                 max_new_tokens=40, do_sample=False)
-    finally:
-        engine._keep_in_cache = original
-    assert captured["trees"] > 0
-    cache = captured["cache"]
+    # cost_aware=False: tree sizes would follow this process's timing calibration, and a
+    # noisy one can cut every tree to a plain step, leaving nothing to check.
+    out = lookahead.generate(model, torch.tensor([prompt]), drafter=Counting(cost_aware=False), tree=True,
+                             max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    assert any(trees)
+    cache = out.cache
     kept = cache.get_seq_length()
+    assert kept == out.sequences.shape[1] - 1
     with torch.no_grad():
-        fresh = model(out[:, :kept], use_cache=True).past_key_values
+        fresh = model(out.sequences[:, :kept], use_cache=True).past_key_values
     for layer, fresh_layer in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(layer.keys, fresh_layer.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(layer.values, fresh_layer.values, atol=1e-4, rtol=1e-4)
@@ -220,7 +219,7 @@ def test_streamer_gets_prompt_then_every_new_token():
 
 
 def test_tree_support_by_family():
-    assert [f for f in FAMILIES if _tree_supported(tiny_model(f))] == TREE_FAMILIES
+    assert [f for f in FAMILIES if tree_unsupported_reason(tiny_model(f)) is None] == TREE_FAMILIES
 
 
 @pytest.mark.parametrize(
@@ -287,12 +286,12 @@ def test_tree_visibility_equals_walking_the_ancestors():
             while j >= 0:
                 expected[i, j] = True
                 j = parents[j]
-        assert torch.equal(engine._tree_visibility(u, draft_parents), expected)
+        assert torch.equal(tree_visibility(u, draft_parents), expected)
 
 
 @pytest.mark.parametrize("cost_16, trees", [(1.2, True), (2.4, False)])
 def test_default_drafts_trees_only_where_verification_is_cheap(monkeypatch, cost_16, trees):
-    monkeypatch.setattr(engine, "tree_cost_16", lambda model: cost_16)  # a 16-node tree step, mask path included
+    monkeypatch.setattr(generate_module, "tree_cost_16", lambda model: cost_16)  # a 16-node tree step, mask path included
     calls = []
 
     class Spy(LookupDrafter):

@@ -1,4 +1,5 @@
-"""The package's layers: a torch-free drafting core, frameworks only in integrations/, no import cycle."""
+"""The package's layers: a torch-free drafting core, frameworks only in integrations/, no import cycle at any depth,
+no private name used across modules."""
 
 import ast
 import subprocess
@@ -41,8 +42,26 @@ def test_no_core_module_imports_a_framework_even_lazily():
         assert not used & FRAMEWORKS, f"{name} imports {used & FRAMEWORKS}"
 
 
-def test_module_level_imports_form_no_cycle():
-    graph = {name: {n for n in imports(path, module_level_only=True) if n in MODULES and n != name} for name, path in MODULES.items()}
+# The upward imports the package allows, each on first use so that the core stays torch-free:
+# the drafter's hook into the assistant_model= adapter, and lookahead's torch-side public names.
+ALLOWED_UPWARD = {
+    ("lookahead.drafter", "lookahead.integrations.assistant"),
+    ("lookahead", "lookahead.integrations.generate"),
+    ("lookahead", "lookahead.integrations.calibration"),
+}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports at any depth (function-level too), less ALLOWED_UPWARD."""
+    graph = {}
+    for name, path in MODULES.items():
+        deps = {n for n in imports(path, module_level_only=False) if n in MODULES and n != name}
+        graph[name] = {d for d in deps if (name, d) not in ALLOWED_UPWARD and not name.startswith(d + ".")}
+    return graph  # (a submodule reaching a sibling through its parent package is not an edge)
+
+
+def test_no_two_modules_import_each_other_at_any_depth():
+    graph = import_graph()
     state = {}
 
     def visit(name, stack):
@@ -50,13 +69,53 @@ def test_module_level_imports_form_no_cycle():
             return
         assert state.get(name) != "open", f"import cycle: {' -> '.join(stack + [name])}"
         state[name] = "open"
-        for dep in graph[name]:
-            if not name.startswith(dep + "."):  # a submodule reaching a sibling through its parent package
-                visit(dep, stack + [name])
+        for dep in sorted(graph[name]):
+            visit(dep, stack + [name])
         state[name] = "done"
 
     for name in graph:
         visit(name, [])
+
+
+def test_the_allowed_upward_imports_are_still_there():
+    # Named here so that a new upward import fails the cycle test rather than hiding among these.
+    for importer, imported in ALLOWED_UPWARD:
+        assert imported in imports(MODULES[importer], module_level_only=False), (importer, imported)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def private_names_across_modules(path: Path) -> list[str]:
+    """`from lookahead.x import _name`, `module._name` on an imported lookahead module, and
+    monkeypatch.setattr(module, "_name", ...) in the file at `path`."""
+    tree = ast.parse(path.read_text())
+    modules, found = set(), []  # local names bound to what the package defines
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lookahead"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+                modules.add(alias.asname or alias.name)  # a module, class or function of the package
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("lookahead") and alias.asname:
+                    modules.add(alias.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            if node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "setattr" and len(node.args) >= 2
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in modules and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")):
+            found.append(f"line {node.lineno}: setattr({node.args[0].id}, {node.args[1].value!r})")
+    return found
+
+
+def test_no_private_name_crosses_a_module_boundary_tests_included():
+    files = list(PACKAGE.rglob("*.py")) + list(TESTS.glob("*.py"))
+    found = {str(f.relative_to(PACKAGE.parent)): names for f in files if (names := private_names_across_modules(f))}
+    assert not found, found
 
 
 def test_lower_layers_never_import_the_bench_at_module_level():
@@ -80,10 +139,12 @@ assert drafter.propose().token_ids.tolist() == [3, 1, 2], drafter.propose()
 drafter.extend([3, 7, 8])
 assert drafter.propose().token_ids.tolist() == [9, 10]
 assert len(drafter.propose_tree(max_tree_nodes=4)) >= 1
-from lookahead.sizing import DraftSizer, cost_curve, plan_step
-sizer = DraftSizer(cost_curve([1, 1, 1, 1, 1.2, 1.7, 2.7]), drafter.max_ngram)
-chain, draft, size = plan_step(drafter, sizer, 8)
-assert 0 <= size <= len(chain)
+from lookahead.request import Request
+from lookahead.sizing.cost import CostCurve, cost_curve
+request = Request(drafter, sized=True)
+plan = request.plan(8, CostCurve(cost_curve([1, 1, 1, 1, 1.2, 1.7, 2.7])))
+assert 0 <= plan.size <= len(plan.chain)
+request.verified(plan.draft.token_ids.tolist() + [5])
 try:
     lookahead.generate
 except ImportError:

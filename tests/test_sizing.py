@@ -10,28 +10,34 @@ from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_cost_16
-from lookahead.sizing import DraftSizer, StepCosts, cost_curve, static_batch_draft_sizes
+from lookahead.sizing.cost import CostCurve, LineCost, StepCosts, cost_curve
+from lookahead.sizing.keep_rate import KeepRate
+from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes
 from tests.models import SHARED, tiny_model
 
-LINEAR = 1 + 0.1 * np.arange(66.0)  # verifying n tokens costs 1 + 0.1 n
+LINEAR = CostCurve(1 + 0.1 * np.arange(66.0))  # verifying n tokens costs 1 + 0.1 n
+
+
+def size(keep: KeepRate, match_len: int, available: int, cost=LINEAR) -> int:
+    return chain_size(keep.keep_chance(match_len), available, cost)
 
 
 def test_sizes_grow_with_acceptance_and_vanish_without_it():
-    sizer = DraftSizer(LINEAR, max_ngram=8)
-    assert 0 < sizer.size(8, 16) < 16  # prior 0.5: a few tokens
+    sizer = KeepRate(max_ngram=8)
+    assert 0 < size(sizer, 8, 16) < 16  # prior 0.5: a few tokens
     for _ in range(20):
-        sizer.observed(8, list(range(16)), 16, list(range(17)), 0)
-    assert sizer.size(8, 16) == 16
+        sizer.observe(8, list(range(16)), 16, list(range(17)), 0)
+    assert size(sizer, 8, 16) == 16
     for _ in range(40):
-        sizer.observed(2, list(range(16)), 4, [99], 0)
-    assert sizer.size(2, 16) == 0  # a plain step
-    assert sizer.size(8, 16) == 16  # buckets are separate
+        sizer.observe(2, list(range(16)), 4, [99], 0)
+    assert size(sizer, 2, 16) == 0  # a plain step
+    assert size(sizer, 8, 16) == 16  # buckets are separate
 
 
 def test_unverified_rest_of_a_cut_draft_teaches_as_the_output_shows_it():
-    sizer = DraftSizer(LINEAR, max_ngram=4)
+    sizer = KeepRate(max_ngram=4)
     before = sizer.keep_chance(4)
-    sizer.observed(4, [7, 8, 9, 10], 1, [7, 8], position=5)  # verified [7]; [8, 9, 10] watched at 6
+    sizer.observe(4, [7, 8, 9, 10], 1, [7, 8], position=5)  # verified [7]; [8, 9, 10] watched at 6
     assert (sizer.kept[4], sizer.failed[4]) == (1, 0)
     assert sizer.keep_chance(4) > before
     sequence = [0] * 5 + [7, 8, 9]
@@ -46,42 +52,42 @@ def test_unverified_rest_of_a_cut_draft_teaches_as_the_output_shows_it():
 
 
 def test_a_rarely_seen_match_length_leans_on_the_overall_rate():
-    sizer = DraftSizer(LINEAR, max_ngram=8)
+    sizer = KeepRate(max_ngram=8)
     assert sizer.keep_chance(6) == 0.5
     for m in (2, 3, 4, 5):  # a request's first steps: each anchored on a longer match, each kept
-        sizer.observed(m, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], 0)
+        sizer.observe(m, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], 0)
     assert sizer.keep_chance(6) > 0.8  # never seen, yet most drafts were kept
     for _ in range(5):
-        sizer.observed(7, [1, 2, 3, 4], 4, [9], 0)
+        sizer.observe(7, [1, 2, 3, 4], 4, [9], 0)
     assert sizer.keep_chance(7) < 0.3 < sizer.keep_chance(5)  # its own counts outweigh the rate
 
 
 def test_a_tree_step_teaches_through_the_chain_it_holds():
-    sizer = DraftSizer(LINEAR, max_ngram=4)
+    sizer = KeepRate(max_ngram=4)
     # the tree step verified 4 chain tokens' worth; the model wrote 7, 8, 5: the chain failed at its third token
-    sizer.observed(2, [7, 8, 9, 10], 4, [7, 8, 5], position=0)
+    sizer.observe(2, [7, 8, 9, 10], 4, [7, 8, 5], position=0)
     assert (sizer.kept[2], sizer.failed[2]) == (2, 1)
     sizer.settle([7, 8, 5, 10])  # the failed chain's rest is not watched
     assert (sizer.kept[2], sizer.failed[2]) == (2, 1)
     # the model wrote only 2 tokens, both the chain's: no failure seen yet, the rest watched
-    sizer.observed(3, [7, 8, 9, 10], 4, [7, 8], position=0)
+    sizer.observe(3, [7, 8, 9, 10], 4, [7, 8], position=0)
     assert (sizer.kept[3], sizer.failed[3]) == (2, 0)
     sizer.settle([7, 8, 9, 10])  # watched from position 2: both kept
     assert (sizer.kept[3], sizer.failed[3]) == pytest.approx((0.9 * 2 + 2, 0))
 
 
 def test_tree_nodes_cost_no_more_than_the_chain_would():
-    assert DraftSizer(np.ones(66), max_ngram=8).tree_nodes(4, 64) == 64  # verification free: every node
+    assert tree_nodes(4, 64, CostCurve(np.ones(66))) == 64  # verification free: every node
     gpu = np.ones(66)
     gpu[17:] = 1.05  # 16 tokens for the price of 1, wider blocks a little dearer
-    assert DraftSizer(gpu, max_ngram=8).tree_nodes(4, 64) == 15
-    assert DraftSizer(gpu, max_ngram=8).tree_nodes(20, 64) == 64
+    assert tree_nodes(4, 64, CostCurve(gpu)) == 15
+    assert tree_nodes(20, 64, CostCurve(gpu)) == 64
     steep = 1 + 0.1 * np.arange(66.0)
-    assert DraftSizer(steep, max_ngram=8).tree_nodes(4, 64) == 4  # every node costs: the chain's size
+    assert tree_nodes(4, 64, CostCurve(steep)) == 4  # every node costs: the chain's size
     plateau = np.maximum(1.0, 1 + 0.1 * (np.arange(66.0) - 8))  # 8 tokens for the price of 1, then rising
-    assert DraftSizer(plateau, max_ngram=8).tree_nodes(3, 64) == 7
-    assert DraftSizer(plateau, max_ngram=8).tree_nodes(12, 64) == 12
-    assert DraftSizer(steep, max_ngram=8).tree_nodes(0, 64) == 0
+    assert tree_nodes(3, 64, CostCurve(plateau)) == 7
+    assert tree_nodes(12, 64, CostCurve(plateau)) == 12
+    assert tree_nodes(0, 64, CostCurve(steep)) == 0
 
 
 def test_calibration_is_relative_to_one_token_and_cached():
@@ -95,7 +101,7 @@ def test_calibration_is_relative_to_one_token_and_cached():
 
 def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_block_below_one_token(monkeypatch):
     model = tiny_model("llama")
-    monkeypatch.setattr(calibration, "_TIMES", {})  # calibrated afresh, and the cache restored afterwards
+    monkeypatch.setattr(calibration, "CALIBRATED", {})  # calibrated afresh, and the cache restored afterwards
     widths = []  # the block width of each forward pass, in order
     forward = type(model).__call__
     monkeypatch.setattr(type(model), "__call__", lambda self, **kw: widths.append(kw["input_ids"].shape[1]) or forward(self, **kw))
@@ -110,7 +116,7 @@ def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_blo
             return 0.005
         return 0.1 + 0.01 * width + (5.0 if width == 1 and widths.count(1) in (2, 3) else 0.0)
 
-    monkeypatch.setattr(calibration, "_timed", scripted)
+    monkeypatch.setattr(calibration, "timed_forward", scripted)
     costs = verify_costs(model)
     assert costs[1] == 1.0
     assert costs[16] == pytest.approx((0.1 + 0.16) / 0.11)  # the stalled rounds did not count
@@ -127,7 +133,7 @@ def test_step_costs_start_from_the_calibration():
 
 def test_a_slower_plain_step_makes_unseen_wide_blocks_relatively_cheaper():
     costs = StepCosts(SECONDS)
-    costs.observe(1, 0.30)  # a long context: the plain step costs 3x the calibrated one
+    costs.observe(1, 1, 0.30)  # a long context: the plain step costs 3x the calibrated one
     relative = costs.relative()
     # a block of 16 adds the calibration's 0.14 s of compute on top: (0.30 + 0.14) / 0.30
     assert relative[16] == pytest.approx((0.30 + 0.14) / 0.30)
@@ -137,23 +143,23 @@ def test_a_slower_plain_step_makes_unseen_wide_blocks_relatively_cheaper():
 def test_measured_wide_blocks_are_not_smoothed_and_noise_is_no_cost():
     costs = StepCosts(SECONDS)
     for width, seconds in [(1, 0.10), (4, 0.104), (16, 0.09), (32, 0.30)]:
-        costs.observe(width, seconds)
+        costs.observe(1, width, seconds)
     relative = costs.relative()
     assert relative[4] == 1.0  # within NOISE of one token: priced as one token
     assert relative[16] == pytest.approx(0.9)  # measured cheaper: stays cheaper
     assert relative[32] == pytest.approx(3.0)
-    costs.observe(32, 0.10)  # averaged, not replaced
+    costs.observe(1, 32, 0.10)  # averaged, not replaced
     assert costs.relative()[32] == pytest.approx((0.8 * 0.30 + 0.2 * 0.10) / 0.10)
 
 
 def test_the_sizer_follows_the_step_times_it_is_taught():
-    sizer = DraftSizer(StepCosts(np.array([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])), max_ngram=8)  # every token costs
+    costs, sizer = StepCosts(np.array([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])), KeepRate(max_ngram=8)  # every token costs
     for _ in range(10):
-        sizer.observed(8, list(range(16)), 16, list(range(17)), 0)  # drafts are kept
-    dear = sizer.size(8, 16)
+        sizer.observe(8, list(range(16)), 16, list(range(17)), 0)  # drafts are kept
+    dear = size(sizer, 8, 16, costs)
     for width in (1, 2, 4, 8, 16):
-        sizer.timed(width, 0.1)  # on this machine now, blocks up to 16 cost what one token does
-    assert sizer.size(8, 16) == 15 > dear  # 15 drafted + its own token: the widest block taught cheap
+        costs.observe(1, width, 0.1)  # on this machine now, blocks up to 16 cost what one token does
+    assert size(sizer, 8, 16, costs) == 15 > dear  # 15 drafted + its own token: the widest block taught cheap
 
 
 @pytest.mark.parametrize("points", [[1, 2, 3], [2, 2, 2, 2, 2, 2, 2], [1, 1, float("nan"), 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, -1]])
@@ -194,30 +200,30 @@ def test_static_batch_sizes_equal_trying_every_width():
         remaining = rng.choice([8, 30, 31, 60], rows).tolist()
         rates = rng.choice([1.0, 1.0, 1.5, 2.0], rows).tolist()
         h = float(rng.choice([1.0, 4.0, 16.0, 64.0, 1000.0]))
-        got = static_batch_draft_sizes(chances, lengths, remaining, rates, fixed_cost_tokens=h)
+        got = static_batch_draft_sizes(chances, lengths, remaining, rates, cost=LineCost(h))
         assert got == brute_static_sizes(chances, lengths, remaining, rates, h)
 
 
 def test_static_batch_sizes_for_one_row_maximise_its_tokens_per_unit_of_time():
     for a, n, h in itertools.product([0.1, 0.5, 0.8, 0.95], [1, 4, 16], [1.0, 8.0, 64.0]):
         best = max(range(n + 1), key=lambda d: (sum(a**j for j in range(d + 1)) / (h + d + 1), -d))
-        assert static_batch_draft_sizes([a], [n], [64], [1.0], fixed_cost_tokens=h) == [best]
+        assert static_batch_draft_sizes([a], [n], [64], [1.0], cost=LineCost(h)) == [best]
 
 
 def test_static_batch_drafts_shrink_as_the_batch_grows_and_follow_the_rows_behind():
-    widths = [max(static_batch_draft_sizes([0.9] * rows, [16] * rows, [64] * rows, [1.0] * rows, fixed_cost_tokens=16.0))
+    widths = [max(static_batch_draft_sizes([0.9] * rows, [16] * rows, [64] * rows, [1.0] * rows, cost=LineCost(16.0)))
               for rows in (1, 2, 4, 8, 16, 64)]
     assert widths == sorted(widths, reverse=True) and widths[0] >= 4 and widths[-1] == 0
     # idle hardware: whole drafts where the row behind is likely to keep them
-    assert static_batch_draft_sizes([0.95] * 16, [16] * 16, [64] * 16, [2.0] * 15 + [1.0], fixed_cost_tokens=4096.0) == [16] * 16
+    assert static_batch_draft_sizes([0.95] * 16, [16] * 16, [64] * 16, [2.0] * 15 + [1.0], cost=LineCost(4096.0)) == [16] * 16
     # one row far behind: its draft decides; the others' only buy their own share
     ahead = [0.1] * 7
-    assert max(static_batch_draft_sizes(ahead + [0.9], [8] * 8, [20] * 7 + [60], [1.0] * 8, fixed_cost_tokens=16.0)) >= 4
-    assert static_batch_draft_sizes([0.9] * 7 + [0.05], [8] * 8, [20] * 7 + [60], [1.0] * 8, fixed_cost_tokens=16.0) == [0] * 8
+    assert max(static_batch_draft_sizes(ahead + [0.9], [8] * 8, [20] * 7 + [60], [1.0] * 8, cost=LineCost(16.0))) >= 4
+    assert static_batch_draft_sizes([0.9] * 7 + [0.05], [8] * 8, [20] * 7 + [60], [1.0] * 8, cost=LineCost(16.0)) == [0] * 8
     with pytest.raises(ValueError, match="fixed_cost_tokens"):
-        static_batch_draft_sizes([0.5], [3], [8], [1.0], fixed_cost_tokens=0.0)
+        LineCost(0.0)
     with pytest.raises(ValueError, match="one entry per row"):
-        static_batch_draft_sizes([0.5, 0.5], [3, 3], [8], [1.0], fixed_cost_tokens=4.0)
+        static_batch_draft_sizes([0.5, 0.5], [3, 3], [8], [1.0], cost=LineCost(4.0))
 
 
 TRACES = SHARED / "traces"
@@ -232,7 +238,7 @@ def fixed_length_tokens_per_cost(requests, costs, k: int) -> float:
         output, pos = request.output, 0
         while pos < output.shape[0]:
             draft = drafter.propose(min(k, output.shape[0] - pos - 1)).token_ids
-            kept = replay._kept(draft, output, pos)
+            kept = replay.kept_prefix(draft, output, pos)
             cost, tokens = cost + costs[draft.shape[0] + 1], tokens + kept + 1
             drafter.extend(output[pos : pos + kept + 1])
             pos += kept + 1

@@ -1,4 +1,4 @@
-"""Each transformers frame lookahead reads (lookahead/integrations/transformers.py) has a test
+"""Each transformers frame lookahead reads (lookahead/integrations/hf.py) has a test
 here that fails the day transformers renames the function or its locals.
 
 - `_validate_generation_mode` (self, generation_mode, generation_config): the assistant's

@@ -431,7 +431,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     drafting cost and the document index's memory.
     """
     from lookahead import DocumentLibrary
-    from lookahead.bench.replay import Request, replay_lookahead
+    from lookahead.bench.replay import TraceRequest, replay_lookahead
 
     bpe = wl.tokenizer()
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -441,7 +441,7 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     requests = []
     question = np.asarray(bpe.encode("Continue this code:\n").ids, dtype=np.int64)
     for doc in [d for d in docs if d.size >= 600][::20][:20]:
-        requests.append(Request(np.concatenate([question, doc[200:260]]), doc[260:516], None))
+        requests.append(TraceRequest(np.concatenate([question, doc[200:260]]), doc[260:516], None))
     rows = []
     for mode in ("none", "everything", "selected"):
         library = DocumentLibrary(select_above_tokens=10**12 if mode == "everything" else 0)

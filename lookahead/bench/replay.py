@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from lookahead import LookupDrafter
 from lookahead.index import MAX_TOKEN_ID
-from lookahead.sizing import SIZES, DraftSizer, cost_curve, plan_step
+from lookahead.request import Request
+from lookahead.sizing.cost import SIZES, CostCurve, cost_curve
 
 
 class TraceError(ValueError):
@@ -26,7 +27,7 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True)
-class Request:
+class TraceRequest:
     prompt: np.ndarray  # (prompt_len,) int64
     output: np.ndarray  # (output_len,) int64, the model's greedy output
     recorded_acc_len: np.ndarray | None  # (output_len,) tokens per step from each position, or None
@@ -48,7 +49,7 @@ class ReplayResult:
         return asdict(self)
 
 
-def load_trace(path: str | Path) -> list[Request]:
+def load_trace(path: str | Path) -> list[TraceRequest]:
     """Reads and validates a trace file."""
     path = Path(path)
     if not path.is_file():
@@ -73,7 +74,7 @@ def load_trace(path: str | Path) -> list[Request]:
                 acc_len = np.asarray(acc_len, dtype=np.int64)
                 if acc_len.shape[0] < output.shape[0] or (acc_len[: output.shape[0]] < 1).any():
                     acc_len = None  # not usable as a reference; the replay itself does not need it
-            requests.append(Request(prompt, output, acc_len))
+            requests.append(TraceRequest(prompt, output, acc_len))
     if not requests:
         raise TraceError(f"{path}: no requests (empty file)")
     return requests
@@ -104,25 +105,23 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, ma
     """
     steps = drafted = accepted = tokens = 0
     seconds = cost = 0.0
+    curve = CostCurve(costs) if costs is not None else None
+    state = Request(drafter, sized=costs is not None)
     for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
         output = request.output
-        drafter.reset(request.prompt)  # per-request setup: not a step's cost
-        sizer = DraftSizer(costs, drafter.max_ngram) if costs is not None else None
+        state.start(request.prompt)  # per-request setup: not a step's cost
         pos = 0
         while pos < output.shape[0]:
             start = time.perf_counter()
             room = output.shape[0] - pos - 1  # draft tokens that fit: the step's own token takes the last place
-            chain, draft, size = plan_step(drafter, sizer, room, tree=tree, max_tree_nodes=max_tree_nodes)
+            draft = state.plan(room, curve, tree=tree, max_tree_nodes=max_tree_nodes).draft
             seconds += time.perf_counter() - start
-            kept = _kept_on_tree(draft, output, pos) if tree else _kept(draft.token_ids, output, pos)
+            kept = _kept_on_tree(draft, output, pos) if tree else kept_prefix(draft.token_ids, output, pos)
             step = kept + 1  # the model's own token after the kept prefix
-            if sizer is not None:
-                cost += costs[len(draft) + 1]
-                if len(chain):
-                    sizer.observed(chain.match_len, chain.token_ids.tolist(), size, output[pos : pos + step].tolist(), pos)
-                sizer.settle(output[: pos + step])
+            if curve is not None:
+                cost += float(curve.cost(1, len(draft) + 1))
             start = time.perf_counter()
-            drafter.extend(output[pos : pos + step])
+            state.verified(output[pos : pos + step])
             seconds += time.perf_counter() - start
             steps, drafted, accepted, tokens, pos = steps + 1, drafted + len(draft), accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds, cost=cost)
@@ -160,14 +159,14 @@ def replay_hf(requests, *, num_draft_tokens: int, ngram: int, costs: np.ndarray 
             candidates, _ = generator.get_candidates(full[:, : prompt_len + pos])
             seconds += time.perf_counter() - start
             draft = candidates[0, prompt_len + pos :].numpy()[: output.shape[0] - pos - 1]
-            kept = _kept(draft, output, pos)
+            kept = kept_prefix(draft, output, pos)
             step = kept + 1
             cost += costs[draft.shape[0] + 1] if costs is not None else 0.0
             steps, drafted, accepted, tokens, pos = steps + 1, drafted + draft.shape[0], accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds, cost=cost)
 
 
-def _kept(draft: np.ndarray, output: np.ndarray, pos: int) -> int:
+def kept_prefix(draft: np.ndarray, output: np.ndarray, pos: int) -> int:
     """Drafted tokens greedy verification keeps: the longest prefix equal to output[pos:]."""
     agree = draft == output[pos : pos + draft.shape[0]]
     return draft.shape[0] if agree.all() else int(agree.argmin())

@@ -216,3 +216,19 @@ def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
     if bad >= 0:
         raise ValueError(f"{name} must be in [0, {MAX_TOKEN_ID}], got {int(array[bad])} at position {bad}")
     return array
+
+
+def as_id_set(token_id) -> frozenset[int]:
+    """Token id(s) as a frozenset: None, an int, a list of ints, or an array/tensor of them."""
+    if token_id is None:
+        return frozenset()
+    if isinstance(token_id, (int, np.integer)):
+        return frozenset([int(token_id)])
+    if hasattr(token_id, "tolist"):
+        token_id = token_id.tolist()
+        if isinstance(token_id, int):
+            return frozenset([token_id])
+    ids = list(token_id)
+    if not all(isinstance(t, (int, np.integer)) for t in ids):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_id!r}")
+    return frozenset(int(t) for t in ids)

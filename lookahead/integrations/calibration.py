@@ -5,25 +5,30 @@ import time
 import numpy as np
 import torch
 
-from lookahead.integrations.transformers import drop_cache_tail, new_cache
-from lookahead.sizing import SIZES, StepCosts, cost_curve, fixed_cost_tokens_of
+from lookahead.integrations.hf import drop_cache_tail, new_cache
+from lookahead.sizing.cost import SIZES, LoopCosts, StepCosts, cost_curve
 
-_TIMES: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
+CALIBRATED: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
 
 
 def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
     """cost[n] = time of a forward pass over n new tokens / time over 1, for n in 0..64 (cost[0] unused).
 
     Measured once per (model class, shape, device, dtype) after `context` cached tokens;
-    linear between the timed sizes (lookahead.sizing.cost_curve).
+    linear between the timed sizes (lookahead.sizing.cost.cost_curve).
     """
     seconds = _calibrate(model, context, repeats)["chain"]
     return cost_curve(seconds / seconds[0])
 
 
 def step_costs(model) -> StepCosts:
-    """A fresh StepCosts for one request, seeded with the model's calibrated step times."""
+    """A fresh one-row cost curve for one request, seeded with the model's calibrated step times."""
     return StepCosts(_calibrate(model)["chain"])
+
+
+def loop_costs(model) -> LoopCosts:
+    """Fresh costs for one call of our loop (the curve for one row, the line for many), seeded by the calibration."""
+    return LoopCosts(_calibrate(model)["chain"])
 
 
 def tree_cost_16(model) -> float:
@@ -33,7 +38,7 @@ def tree_cost_16(model) -> float:
     return float(times["tree16"] / times["chain"][0])
 
 
-def _timed(model, run) -> float:
+def timed_forward(model, run) -> float:
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -52,8 +57,8 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     config = model.config
     text = config.get_text_config()
     key = (type(model).__name__, text.hidden_size, text.num_hidden_layers, text.vocab_size, str(model.device), str(model.dtype))
-    if key in _TIMES:
-        return _TIMES[key]
+    if key in CALIBRATED:
+        return CALIBRATED[key]
     generator = torch.Generator().manual_seed(0)
     vocab = text.vocab_size
     prefix = torch.randint(0, vocab, (1, context), generator=generator).to(model.device)
@@ -77,18 +82,11 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
         for _ in range(repeats + 1):
             for shape, times in zip(shapes, samples):
                 width = shape["input_ids"].shape[1]
-                times.append(_timed(model, lambda: model(cache=cache, use_cache=True, **shape)))
+                times.append(timed_forward(model, lambda: model(cache=cache, use_cache=True, **shape)))
                 drop_cache_tail(cache, width)
     fastest = [min(times[1:]) for times in samples]
     # A wider block streams the same weights as one token and computes more: never cheaper.
     chain = np.maximum(np.asarray(fastest[: len(SIZES)]), fastest[0])
     tree16 = max(fastest[-1], fastest[0])
-    _TIMES[key] = {"chain": chain, "tree16": tree16}
-    return _TIMES[key]
-
-
-def fixed_cost_tokens(model) -> float:
-    """F / p of the line F + p * n through the calibrated step times over SIZES tokens: the
-    prior a batched loop starts from (lookahead.sizing.StepCostFit) before its own steps are timed."""
-    per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), _calibrate(model)["chain"], 1)
-    return fixed_cost_tokens_of(fixed, per_token)
+    CALIBRATED[key] = {"chain": chain, "tree16": tree16}
+    return CALIBRATED[key]

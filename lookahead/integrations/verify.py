@@ -1,0 +1,164 @@
+"""One verify step's pieces: the block of R rows, the target's walk down it, the stop check.
+
+A step's block holds, per row, its u uncached tokens (the padded prompt on the first step,
+else its last own token) and its draft, right-padded with fill to the step's width W.
+Each draft node hangs from its parent (-1: the row's last uncached token) and sits at
+position (the row's real tokens before it) + depth. Rows whose cache has no holes, a block
+without padding or fill, and a chain: the model's own causal mask and positions (no mask
+is passed). Otherwise a 2-D mask over [cache slots, block] hides the slots that are not
+the row's real tokens (chains: the model adds the causal part), or a 4-D additive mask
+lets each node see the row's real cache, the uncached tokens and its own ancestors (trees).
+
+The walk (acceptance rule): starting at a row's last uncached token, the target's choice at
+each node (argmax, or a draw from the processed distribution) is looked up among the
+node's children: found, descend; not found, it is the step's own token. Greedy: every kept
+token is the model's argmax given exactly the tokens before it. Sampling: every kept token
+is a draw from the model's processed distribution given the tokens before it; a draft only
+decides whether that draw is already computed.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lookahead.draft import Draft
+from lookahead.integrations.hf import first_stop
+
+
+@dataclass
+class Block:
+    """A (rows, width) verify block and what the walk needs of it."""
+
+    tokens: torch.Tensor  # (rows, width) int64, fill 0
+    positions: torch.Tensor | None  # (rows, width) int64; None: the model's default positions
+    attention: torch.Tensor | None  # (rows, keys) 0/1, or (rows, 1, width, keys) additive; None: causal
+    ids: list[list[int]]  # per row, its entries: u uncached tokens, then its draft's nodes
+    parents: list[list[int]]  # per row, each entry's parent entry (-1: none)
+    skips: list[int]  # per row, left padding at the block's front (the prefill of a padded row)
+    uncached: int  # u: uncached tokens per row
+    is_tree: bool
+
+
+def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int], cached: list[int], real: torch.Tensor,
+                *, uncached: int, dtype: torch.dtype) -> Block:
+    """The step's block for rows whose last `uncached` tokens are not in the cache yet.
+
+    Args:
+        contexts: per row, its tokens as plain generate holds them (left padding included).
+        drafts: per row, what it verifies (chain or tree).
+        skips: per row, left padding among its uncached tokens.
+        cached: per row, its real tokens in the cache (its next token's position).
+        real: (rows, S) bools, the cache slots that hold each row's real tokens.
+        dtype: the additive mask's dtype (the model's).
+    """
+    u, rows, slots = uncached, len(drafts), real.shape[1]
+    width = u + max(len(d) for d in drafts)
+    ids, parents, depths = [], [], []
+    for context, draft in zip(contexts, drafts):
+        ids.append(context[-u:] + draft.token_ids.tolist())
+        draft_parents = draft.parents.tolist()
+        parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft_parents])
+        depth = [0] * len(draft_parents)  # depth of each draft node, 1 for a root
+        for i, p in enumerate(draft_parents):
+            depth[i] = 1 if p < 0 else depth[p] + 1
+        depths.append(depth)
+    is_tree = any(p != i - 1 for row in parents for i, p in enumerate(row))
+    tokens = torch.zeros((rows, width), dtype=torch.long)
+    for r, row in enumerate(ids):
+        tokens[r, : len(row)] = torch.tensor(row)
+    whole = not is_tree and not any(skips) and all(len(row) == width for row in ids) and bool(real.all())
+    if whole:  # the model's own causal mask and positions: as plain generate calls it
+        return Block(tokens, None, None, ids, parents, skips, u, False)
+    positions = torch.ones((rows, width), dtype=torch.long)  # padding and fill at 1, as plain generate's padding
+    keys = torch.zeros((rows, slots + width), dtype=torch.bool)  # which keys are real tokens of the row
+    keys[:, :slots] = real
+    for r, (row, skip, depth) in enumerate(zip(ids, skips, depths)):
+        own = cached[r] + (u - 1 - skip)  # position of the row's last uncached token
+        positions[r, skip:u] = torch.arange(cached[r], own + 1)
+        if depth:
+            positions[r, u : len(row)] = own + torch.tensor(depth)
+        keys[r, slots + skip : slots + len(row)] = True
+    if not is_tree:
+        return Block(tokens, positions, keys.long(), ids, parents, skips, u, False)
+    visible = torch.zeros((rows, width, slots + width), dtype=torch.bool)  # (rows, queries, keys)
+    visible[:, :, :slots] = real[:, None, :]
+    for r, (row, draft) in enumerate(zip(ids, drafts)):
+        m = len(row)
+        visible[r, :m, slots : slots + m] = tree_visibility(u, draft.parents)
+        visible[r, :, slots:] &= keys[r, slots:]  # no key of padding or fill
+    visible[:, torch.arange(width), slots + torch.arange(width)] = True  # every query sees itself (fill included)
+    attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
+    attention.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
+    return Block(tokens, positions, attention, ids, parents, skips, u, True)
+
+
+def tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
+    """(u + n, u + n) bools: block token j is token i or one of its ancestors.
+
+    The u uncached tokens form a causal chain and every draft node (parents[i] < i, -1:
+    the last uncached token) descends from its end, so only the draft block needs ancestor
+    sets: O((u + n)^2) bits but O(n^2) Python, whatever the prompt length.
+    """
+    n = parents.shape[0]
+    ancestors = np.zeros((n, n), dtype=bool)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            ancestors[i] = ancestors[p]
+        ancestors[i, i] = True
+    visible = torch.ones((u + n, u + n), dtype=torch.bool).tril_()
+    visible[u:, u:] = torch.from_numpy(ancestors)
+    return visible
+
+
+def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parents: list[int], u: int, sequence: list[int],
+         do_sample: bool, record: list | None = None) -> tuple[list[int], int]:
+    """The target's walk down one row's verified block: (block entries kept, from u - 1; the model's own token).
+
+    tokens/parents: the row's entries, u uncached tokens then draft nodes (parents[i] < i);
+    logits: (entries from `first` on, vocab). sequence: what the processors read before the
+    block's path (its uncached tokens included). With `record`, appends (processed scores,
+    raw logits), each (1, vocab) float32, per token returned.
+    """
+    children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, len(tokens))}
+    path = [u - 1]
+    device = logits.device
+    while True:
+        node = path[-1]
+        context = sequence + [tokens[i] for i in path[1:]]
+        choice, processed = choose(processors, torch.tensor([context], device=device), logits[node - first], do_sample)
+        if record is not None:
+            record.append((processed, logits[node - first][None].clone()))
+        child = children.get((node, choice))
+        if child is None:
+            return path, choice
+        path.append(child)
+
+
+def choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> tuple[int, torch.Tensor]:
+    """(the token chosen, the (1, vocab) processed scores it was chosen from)."""
+    scores = logits[None].clone()
+    if len(processors):
+        scores = processors(context, scores)
+    if do_sample:
+        return int(torch.multinomial(torch.softmax(scores[0], dim=-1), 1)), scores
+    return int(scores[0].argmax()), scores
+
+
+def stop_index(sequence: list[int], new: list[int], max_len: int, eos: frozenset[int], criteria, stop) -> int | None:
+    """How many of `new` to keep if generation stops among them (None: it goes on).
+
+    `stop` (a StopStringCriteria) is checked after every token of `new`, as plain generate
+    checks it, in one batched call on the last tokens it reads (first_stop); `criteria`
+    (user stopping criteria) after every token too.
+    """
+    completes = len(new) if stop is None else first_stop([stop], torch.tensor(sequence[-stop.maximum_token_len :]), np.asarray(new))
+    for i, token in enumerate(new):
+        length = len(sequence) + i + 1
+        if token in eos or length >= max_len or i == completes:
+            return i + 1
+        if criteria:
+            ids = torch.tensor([sequence + new[: i + 1]])
+            if any(bool(c(ids, None).any()) for c in criteria):
+                return i + 1
+    return None

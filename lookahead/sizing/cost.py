@@ -1,0 +1,206 @@
+"""What a verify step costs: one interface, `cost(rows, width)` and `fixed_cost_tokens`.
+
+`cost(rows, width)` is the time of a forward pass over a (rows, width) block relative to a
+plain one-row step (1 at (1, 1)); `fixed_cost_tokens` is h = F / p of the step time
+F + p * tokens: how many verified tokens cost as much as the step's fixed part.
+
+- `CostCurve`: a fixed relative curve costs[n] over n tokens (`cost_curve`; `verify_costs`).
+- `StepCosts`: that curve learnt from a loop's own one-row steps, seeded by a calibration.
+- `LineCost`: the line F + p * rows * width at a fixed h; `StepCostFit` learns h from steps.
+- `LoopCosts`: what our loop prices with: the measured curve for one row, the fitted line for many.
+"""
+
+import numpy as np
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
+FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
+
+
+def cost_curve(points) -> np.ndarray:
+    """costs[n] for n in 0..64 from the costs at SIZES (relative to one token), linear in between (costs[0] unused).
+
+    Raises:
+        ValueError: not len(SIZES) finite positive numbers starting at 1.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape != (len(SIZES),) or not np.isfinite(points).all() or points[0] != 1.0 or (points <= 0).any():
+        raise ValueError(f"a cost curve is {len(SIZES)} finite positive costs at block sizes {SIZES} starting at 1, got {points.tolist()}")
+    return np.interp(np.arange(SIZES[-1] + 1), SIZES, points)
+
+
+def fixed_cost_tokens_of(fixed: float, per_token: float, bounds=FIXED_COST_BOUNDS) -> float:
+    """F / p of a step time F + p * tokens, clamped to `bounds`; p <= 0 (extra tokens cost
+    nothing measurable) gives the upper bound."""
+    if per_token <= 0:
+        return float(bounds[1])
+    return float(np.clip(fixed / per_token, *bounds))
+
+
+def line_through(seconds) -> float:
+    """F / p of the least-squares line F + p * n through step times at SIZES tokens."""
+    per_token, fixed = np.polyfit(np.asarray(SIZES, dtype=np.float64), np.asarray(seconds, dtype=np.float64), 1)
+    return fixed_cost_tokens_of(fixed, per_token)
+
+
+class CostCurve:
+    """A fixed relative cost curve: costs[n] is a one-row block of n tokens relative to one.
+
+    A (rows, width) block is priced as rows * width tokens; past the curve's end, linearly
+    from its last segment.
+    """
+
+    def __init__(self, costs):
+        self.costs = np.asarray(costs, dtype=np.float64)  # (>= 3,) relative costs, costs[1] == 1
+        self._fixed = None
+
+    def cost(self, rows: int, width):
+        """Relative cost of a (rows, width) block; `width` an int or an int array."""
+        n, last = rows * np.asarray(width), self.costs.shape[0] - 1
+        beyond = self.costs[last] + (n - last) * (self.costs[last] - self.costs[last - 1])
+        return np.where(n <= last, self.costs[np.minimum(n, last)], beyond)
+
+    @property
+    def fixed_cost_tokens(self) -> float:
+        if self._fixed is None:
+            self._fixed = line_through(self.cost(1, np.asarray(SIZES)))
+        return self._fixed
+
+
+class StepCosts(CostCurve):
+    """A cost curve learnt from the loop's own one-row steps.
+
+    Seeded with calibrated seconds per block width at SIZES. Each step the loop reports
+    (width, seconds); the nearest SIZES entry (in log scale) keeps an exponential average.
+    A width not yet seen is estimated from the nearest seen narrower one plus the
+    calibration's extra seconds between the two: a wider block adds compute, which the
+    context length barely changes, while a plain step's time grows with the context (so a
+    calibration at a short context overprices wide blocks relative to one token).
+    No monotone smoothing: a wider block measured cheaper stays cheaper, and one within
+    NOISE of a narrower block's cost is priced as that narrower block, so the sizer
+    verifies the wider one.
+
+    Args:
+        seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
+        decay: weight of the old average when a step is observed.
+    """
+
+    NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
+
+    def __init__(self, seconds, *, decay: float = 0.8):
+        self.seed = np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
+        if self.seed.shape != (len(SIZES),) or not (self.seed > 0).all():
+            raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
+        self.seconds = self.seed.copy()  # (len(SIZES),) learnt seconds where seen
+        self.seen = np.zeros(len(SIZES), dtype=bool)
+        self.decay = decay
+        super().__init__(self.relative())
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """Learns from a one-row step over `width` tokens that took `seconds` (other shapes are not on the curve)."""
+        if rows != 1:
+            return
+        i = min(int(round(np.log2(max(width, 1)))), len(SIZES) - 1)
+        self.seconds[i] = seconds if not self.seen[i] else self.decay * self.seconds[i] + (1 - self.decay) * seconds
+        self.seen[i] = True
+        self.costs, self._fixed = self.relative(), None
+
+    def relative(self) -> np.ndarray:
+        """costs[n], n in 0..64, relative to a plain step (cost_curve)."""
+        estimate = self.seconds.copy()
+        seen = np.flatnonzero(self.seen)
+        for i in np.flatnonzero(~self.seen):
+            below, above = seen[seen < i], seen[seen > i]
+            anchor = below[-1] if below.size else above[0] if above.size else None
+            if anchor is not None:  # the anchor's measured time plus the calibrated extra of the wider block
+                estimate[i] = max(self.seconds[anchor] + self.seed[i] - self.seed[anchor], 1e-9)
+        level = estimate[0]
+        for i in range(1, len(SIZES)):
+            if estimate[i] <= level * (1 + self.NOISE):
+                estimate[i] = min(estimate[i], level)  # within noise of a narrower block: no dearer
+            else:
+                level = estimate[i]
+        return cost_curve(estimate / estimate[0])
+
+
+class LineCost:
+    """A step costs F + p * rows * width, known through h = F / p alone (`fixed_cost_tokens`)."""
+
+    def __init__(self, fixed_cost_tokens: float):
+        if not fixed_cost_tokens > 0:
+            raise ValueError(f"fixed_cost_tokens must be > 0, got {fixed_cost_tokens!r}")
+        self._fixed = float(fixed_cost_tokens)
+
+    @property
+    def fixed_cost_tokens(self) -> float:
+        return self._fixed
+
+    def cost(self, rows: int, width):
+        """Relative cost of a (rows, width) block; `width` an int or an int array."""
+        h = self.fixed_cost_tokens
+        return (h + rows * width) / (h + 1)
+
+
+class StepCostFit(LineCost):
+    """The line F + p * tokens learnt from a loop's measured steps: h = F / p.
+
+    A least-squares fit with old samples fading, pulled toward `prior` (F = prior * p) by a
+    penalty worth `prior_weight` samples one token apart: steps all of one size, or none,
+    leave it at the prior; a spread of sizes moves it to what they show. The estimate is
+    clamped to `bounds` (fixed_cost_tokens_of).
+
+    Example:
+        >>> fit = StepCostFit(prior=64.0)
+        >>> for tokens in (4, 8, 12, 16, 20) * 20:
+        ...     fit.observe(1, tokens, 0.010 + 0.001 * tokens)  # F = 10 ms, p = 1 ms: F / p = 10
+        >>> round(fit.fixed_cost_tokens, 1)
+        10.0
+    """
+
+    def __init__(self, prior: float, *, prior_weight: float = 4.0, fade: float = 0.99, bounds=FIXED_COST_BOUNDS):
+        if not bounds[0] <= prior <= bounds[1]:
+            raise ValueError(f"prior must lie in {bounds}, got {prior!r}")
+        super().__init__(prior)
+        self.prior = float(prior)
+        self.prior_weight = prior_weight
+        self.fade = fade
+        self.bounds = bounds
+        self.samples = 0
+        self._normal = np.zeros((2, 2))  # faded sum of x x^T, x = (1, tokens)
+        self._moment = np.zeros(2)  # faded sum of x * seconds
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        """Learns from a step over a (rows, width) block that took `seconds`."""
+        x = np.array([1.0, float(rows * width)])
+        self._normal = self.fade * self._normal + np.outer(x, x)
+        self._moment = self.fade * self._moment + x * seconds
+        self.samples += 1
+        prior = np.array([1.0, -self.prior]) / np.hypot(1.0, self.prior)  # penalty prior_weight * (F - prior * p)^2 / (1 + prior^2)
+        fixed, per_token = np.linalg.solve(self._normal + self.prior_weight * np.outer(prior, prior), self._moment)
+        self._fixed = fixed_cost_tokens_of(fixed, per_token, self.bounds)
+
+
+class LoopCosts:
+    """What our loop's steps cost: the measured curve for one row, the fitted line for many.
+
+    Each learns from the steps it prices (`observe`): the curve from one-row chain steps (a
+    tree step's explicit mask takes a slower attention path than a chain of its width), the
+    line from steps of many rows.
+
+    Args:
+        seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
+            (lookahead.integrations.calibration); the line starts from the line through them.
+    """
+
+    def __init__(self, seconds):
+        self.curve = StepCosts(seconds)
+        self.line = StepCostFit(line_through(seconds))
+
+    def at(self, rows: int):
+        """The cost model a step of `rows` rows is priced by."""
+        return self.curve if rows == 1 else self.line
+
+    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False) -> None:
+        if rows > 1:
+            self.line.observe(rows, width, seconds)
+        elif not tree:
+            self.curve.observe(rows, width, seconds)

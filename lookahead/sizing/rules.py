@@ -1,0 +1,175 @@
+"""How many drafted tokens a step verifies, given keep chances (KeepRate) and a cost (sizing.cost).
+
+One row (`chain_size`): with a per-token keep chance a, a chain cut to n tokens yields
+
+    E(n) = sum_{k=0..n} a^k = (1 - a^(n+1)) / (1 - a)        expected tokens, the model's own included
+    n*   = argmax_n E(n) / cost(1, n + 1)                     (n = 0: a plain step)
+
+so where drafts keep failing, and wide blocks are dear, it stops drafting. A tree gets as
+many nodes as cost no more to verify than that chain (`tree_nodes`). Many rows: a static
+batch, which runs until its last row ends (`static_batch_draft_sizes`; for one row it is
+`chain_size`), and a served batch, whose finished rows are replaced at once (`batch_draft_sizes`).
+"""
+
+import numpy as np
+
+MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
+
+
+def chain_size(keep_chance: float, available: int, cost) -> int:
+    """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)."""
+    a = min(keep_chance, MAX_CHANCE)
+    n = np.arange(available + 1)
+    expected = (1 - a ** (n + 1)) / (1 - a)
+    return int(np.argmax(expected / cost.cost(1, n + 1)))
+
+
+def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> int:
+    """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
+
+    As many as cost no more than that chain: the heaviest nodes beyond the chain's are the likeliest other
+    continuations. Where wide blocks are nearly free (GPUs) that is dozens of nodes; where
+    the chain ends inside a flat stretch of the cost curve, the rest of the stretch; where
+    every token costs, the chain's own size.
+    """
+    if chain_size == 0:
+        return 0
+    limit = cost.cost(rows, chain_size + 1)
+    nodes = max_tree_nodes
+    while nodes > chain_size and cost.cost(rows, nodes + 1) > limit:
+        nodes -= 1
+    return nodes
+
+
+# -- batched steps (a serving engine: many rows verified in one forward pass) ----------------
+#
+# A step verifying T tokens (one per row plus the drafted ones) costs F + p*T; only the
+# ratio h = F / p ("fixed_cost_tokens": how many verified tokens cost as much as the step's
+# fixed part) matters. Adding a drafted token kept with chance g to a step expecting G tokens
+# raises its tokens per second iff (G + g) / (F + p(T + 1)) > G / (F + pT), i.e.
+#     g > G / (h + T).
+# Idle hardware (h >> T) verifies nearly every drafted token; as rows fill the step, the bar
+# rises toward the yield per verified token, G / T, and drafts shrink, then stop.
+
+
+def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
+    """How many drafted tokens of each row a batched step verifies, for the most tokens per second.
+
+    Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j.
+    Tokens are taken likeliest first while each clears the bar g > G / (fixed_cost_tokens + T),
+    G the step's expected tokens and T the tokens it verifies so far (each row's own one
+    included), which maximises G / (F + p*T). Within a row the chances fall with j, so each
+    row verifies a prefix of its draft.
+
+    Args:
+        keep_chances: per row, the chance a drafted token is kept (KeepRate.keep_chance).
+        lengths: per row, the drafted tokens available (0: none).
+        cost: the step's cost (sizing.cost); only its fixed part in verified tokens, F / p, is read.
+    Returns:
+        per row, the number of its drafted tokens to verify.
+
+    Example:
+        >>> from lookahead.sizing.cost import LineCost
+        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1000.0))  # idle hardware: all but the unlikeliest
+        [4, 3]
+        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1.0))  # every token costs: only the likely ones
+        [2, 0]
+    """
+    chances, lengths = _rows(keep_chances, lengths)
+    fixed_cost_tokens = cost.fixed_cost_tokens
+    sizes = [0] * chances.shape[0]
+    rows = np.repeat(np.arange(chances.shape[0]), lengths)  # (sum(lengths),): the row of each drafted token
+    depth = np.arange(rows.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1  # its place in its row, from 1
+    gains = chances[rows] ** depth
+    expected = float(chances.shape[0])  # G: each row's own token
+    verified = float(chances.shape[0])  # T
+    for t in np.lexsort((depth, rows, -gains)).tolist():  # likeliest first; a row's tokens in order
+        gain = float(gains[t])
+        if gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[int(rows[t])] += 1
+        expected += gain
+        verified += 1
+    return sizes
+
+
+def _rows(keep_chances, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """(keep chances capped at MAX_CHANCE, lengths) as arrays, checked: 1-D, one per row."""
+    chances = np.minimum(np.asarray(keep_chances, dtype=np.float64), MAX_CHANCE)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if chances.shape != lengths.shape or chances.ndim != 1:
+        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
+    return chances, lengths
+
+
+# -- static batches (our engine: rows right-padded to one block width, until the last row ends) --
+#
+# Our engine verifies B rows as one (B, W) block: each row's own token and draft, right-padded
+# to the widest. A step costs F + p*B*W whatever the rows hold, and the batch runs until its
+# last row ends, each row leaving the block as it ends. With h = F / p, the batch's
+# remaining time is about h * (its steps) + (the places its rows take in them). A step
+# shortens the second by every token a row gains, but the first only by what the rows
+# furthest behind all gain: row r, with R_r tokens still to write at its rate so far of
+# e_r tokens per step, has about N_r = R_r / e_r steps left; the rows within one step of
+# the largest N are behind, and the batch's steps fall by the least of their gains, whose
+# expectation is M(W) = sum_{j=1..W-1} prod_{r behind} a_r^j (a row whose draft is shorter
+# than j: 0). The width W then maximises the step's worth per unit of its cost,
+#     (h * (1 + M(W)) + sum_r G_r(W)) / cost(B, W)        (the line: h + B * W, up to a constant)
+# G_r(W) = 1 + a_r + ... + a_r^min(n_r, W-1) the row's expected tokens (a_r its keep
+# chance, n_r its draft); a plain step scores 1. For one row M(W) = G(W) - 1, so this is
+# (h + 1) G(W) / cost(1, W): chain_size's choice under any cost; rows alike and level draft only where all are likely to
+# keep (a continuously refilled batch, batch_draft_sizes, values every row's tokens alike).
+
+
+def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -> list[int]:
+    """How many drafted tokens of each row a step of a static padded batch verifies, to finish the batch soonest.
+
+    The step's width W (1 + the most drafted tokens of a row) maximises the step's worth per
+    unit of its cost (above); every row then verifies min(lengths[r], W - 1) tokens (the
+    padding would cost as much). Ties go to the narrower block.
+
+    Args:
+        keep_chances: per row, the chance a drafted token is kept (KeepRate.keep_chance).
+        lengths: per row, the drafted tokens available (0: none).
+        remaining: per row, the most tokens it may still write (>= 1).
+        rates: per row, its tokens per step so far (>= 1).
+        cost: the step's cost (sizing.cost): `cost(rows, width)` and its fixed part h = F / p.
+    Returns:
+        per row, the number of its drafted tokens to verify.
+
+    Example:
+        >>> from lookahead.sizing.cost import LineCost
+        >>> static_batch_draft_sizes([0.9] * 2, [8] * 2, [64] * 2, [1] * 2, cost=LineCost(1000.0))  # idle hardware
+        [8, 8]
+        >>> static_batch_draft_sizes([0.6] * 2, [4] * 2, [64] * 2, [1] * 2, cost=LineCost(4.0))  # a CPU, 2 rows
+        [1, 1]
+        >>> static_batch_draft_sizes([0.6] * 16, [4] * 16, [64] * 16, [1] * 16, cost=LineCost(4.0))  # 16 rows: a column costs 16
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        >>> static_batch_draft_sizes([0.9, 0.2], [8, 8], [60, 60], [1, 1], cost=LineCost(8.0))  # rows level: both must keep
+        [1, 1]
+        >>> static_batch_draft_sizes([0.9, 0.2], [8, 8], [60, 60], [2.0, 1.0], cost=LineCost(8.0))  # the row behind keeps little
+        [1, 1]
+        >>> static_batch_draft_sizes([0.2, 0.9], [8, 8], [60, 60], [2.0, 1.0], cost=LineCost(8.0))  # the row behind keeps much
+        [6, 6]
+    """
+    chances, lengths = _rows(keep_chances, lengths)
+    fixed_cost_tokens = cost.fixed_cost_tokens
+    remaining, rates = np.asarray(remaining, dtype=np.float64), np.asarray(rates, dtype=np.float64)
+    if remaining.shape != chances.shape or rates.shape != chances.shape:
+        raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
+                         f"{remaining.shape} and {rates.shape}")
+    steps = remaining / rates  # N_r: steps each row has left at its rate so far
+    rows = chances.shape[0]
+    if rows == 0 or lengths.max(initial=0) == 0:
+        return [0] * rows
+    behind = steps >= steps.max() - 1  # the rows that would end on the batch's last step
+    drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
+    depth = np.minimum(drafted[:, None], lengths[None, :])  # (widths, rows): tokens of row r verified
+    expected = (1 - chances ** (depth + 1)) / (1 - chances)  # G_r(W) = 1 + a + ... + a^depth
+    # P(every row behind keeps j tokens), j = 1..: prod_r a_r^j, 0 where a row's draft is shorter
+    j = drafted[1:, None]
+    all_keep = np.prod(np.where(j <= lengths[behind], chances[behind] ** j, 0.0), axis=1)
+    least = np.concatenate([[0.0], np.cumsum(all_keep)])  # M(W)
+    worth = fixed_cost_tokens * (1 + least) + expected.sum(axis=1)
+    best = int(np.argmax(worth / cost.cost(rows, drafted + 1)))  # for the line: worth / (h + B * W), up to a constant
+    return np.minimum(lengths, best).tolist()
