@@ -18,7 +18,7 @@ def match_ends(index: TokenIndex) -> list[int]:
     """ends[g] = most recent earlier end of the g-token suffix (-1: none), from the kernel the drafts use."""
     buffers = index.buffers()
     ends = np.zeros(buffers.max_ngram + 1, dtype=np.int64)
-    kernels.match_ends(buffers.tokens, buffers.table, buffers.tokens, buffers.n, buffers.min_ngram, buffers.max_ngram, ends)
+    kernels.match_ends(tuple(buffers), buffers.tokens, buffers.n, ends)
     return ends.tolist()
 
 
