@@ -9,7 +9,7 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
-from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_token_ids
+from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
@@ -150,7 +150,7 @@ class LookupDrafter:
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self._trie = DraftTrie()  # rebuilt by every propose
-        self.eos_option = _as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
+        self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
         self.vocab_size = vocab_size
         self.stats = DraftStats()
@@ -377,17 +377,3 @@ class LookupDrafter:
                     self._transformers_adapter = TransformersAssistant(self)
         return self._transformers_adapter
 
-
-def _as_id_set(token_id) -> frozenset[int]:
-    if token_id is None:
-        return frozenset()
-    if isinstance(token_id, (int, np.integer)):
-        return frozenset([int(token_id)])
-    if hasattr(token_id, "tolist"):
-        token_id = token_id.tolist()
-        if isinstance(token_id, int):
-            return frozenset([token_id])
-    ids = list(token_id)
-    if not all(isinstance(t, (int, np.integer)) for t in ids):
-        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_id!r}")
-    return frozenset(int(t) for t in ids)

@@ -223,3 +223,29 @@ def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
     if bad >= 0:
         raise ValueError(f"{name} must be in [0, {MAX_TOKEN_ID}], got {int(array[bad])} at position {bad}")
     return array
+
+
+def as_id_set(token_ids) -> frozenset[int]:
+    """Token id(s) as a frozenset of ints: None (none), an int, or a list, tuple, numpy array or tensor of ints.
+
+    How every layer reads an `eos_token_id` (the drafter's option, a generation config's).
+
+    Raises:
+        TypeError: a value that is not an int.
+
+    Example:
+        >>> sorted(as_id_set(2)), sorted(as_id_set([2, 7])), as_id_set(None)
+        ([2], [2, 7], frozenset())
+    """
+    if token_ids is None:
+        return frozenset()
+    if isinstance(token_ids, (int, np.integer)):
+        return frozenset([int(token_ids)])
+    if hasattr(token_ids, "tolist"):  # a numpy array or tensor, 0-d included
+        token_ids = token_ids.tolist()
+        if isinstance(token_ids, int):
+            return frozenset([token_ids])
+    ids = list(token_ids) if hasattr(token_ids, "__iter__") else [token_ids]
+    if not all(isinstance(t, (int, np.integer)) for t in ids):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_ids!r}")
+    return frozenset(int(t) for t in ids)
