@@ -155,7 +155,8 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
     is scratch. The caller guarantees room for (walk + substitution_walk + 2) * num_draft_tokens nodes.
     Cost: O((walk + substitution_walk) * (max_ngram + num_draft_tokens * branching) + first_reach * max_ngram).
     """
-    num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len, first_reach, first_only = options
+    (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len, first_reach,
+     first_only) = options
     tokens, prev, _, n, min_ngram, _ = index
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
@@ -279,7 +280,7 @@ class DraftTrie:
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
         self._eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
         self._vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
-        self.arrays = ()  # the kernels' `trie` tuple (module docstring); rebuilt when a buffer or eos/vocab_limit changes
+        self._arrays = ()  # the kernels' `trie` tuple (module docstring); rebuilt when a buffer, eos or vocab_limit changes
         self._reserve(1024)
         self.clear()
 
@@ -303,8 +304,13 @@ class DraftTrie:
         self._vocab_limit = int(limit)
         self._pack()
 
+    @property
+    def arrays(self) -> tuple:
+        """The tuple the kernels take (module docstring): the buffers, eos and vocab_limit; stale once the trie grows."""
+        return self._arrays
+
     def _pack(self) -> None:
-        self.arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit)
+        self._arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit)
 
     def __len__(self) -> int:
         """Nodes, the root excluded."""
@@ -320,7 +326,7 @@ class DraftTrie:
         if starts.shape[0] == 0 or num_draft_tokens <= 0:
             return
         self._reserve(self._count + starts.shape[0] * num_draft_tokens)
-        self._count = add_paths(source, starts, weights, num_draft_tokens, self.arrays, self._count)
+        self._count = add_paths(source, starts, weights, num_draft_tokens, self._arrays, self._count)
 
     def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
                               match_base: float, substitution_scale: float, skip_scale: float = 0.0, source_len: int = 0,
@@ -333,7 +339,7 @@ class DraftTrie:
         self._reserve(self._count + (walk + substitution_walk + 2) * max(num_draft_tokens, 0))
         options = (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len,
                    first_reach, first_only)
-        add_suffix_candidates(tuple(index), options, self.arrays, self._count, self._ends, self._out)
+        add_suffix_candidates(tuple(index), options, self._arrays, self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
 
@@ -346,7 +352,7 @@ class DraftTrie:
         """
         self._reserve(self._count + max(num_draft_tokens, 0))
         options = (num_draft_tokens, match_base, scale, -1 if stop_token is None else stop_token)
-        add_longest_match(tuple(index), query, options, self.arrays, self._count, self._ends, self._out)
+        add_longest_match(tuple(index), query, options, self._arrays, self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1])
 
@@ -359,7 +365,7 @@ class DraftTrie:
     def path(self, max_len: int) -> np.ndarray:
         """The heaviest root path, at most max_len tokens (int64)."""
         out = np.empty(max(max_len, 0), dtype=np.int64)
-        return out[: heaviest_path(self.arrays, max_len, out)]
+        return out[: heaviest_path(self._arrays, max_len, out)]
 
     def tree(self, max_tree_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
@@ -367,7 +373,7 @@ class DraftTrie:
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self.arrays, self._count, max_tree_nodes, depth_decay, nodes)]
+        nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
