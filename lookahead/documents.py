@@ -124,12 +124,12 @@ class DocumentLibrary:
 
     def save(self, path) -> None:
         """Writes the documents (in TokenStore's file format, atomically; the automaton is rebuilt on load)."""
-        self._store(range(len(self.documents)), 1, 1)._save(path, "DocumentLibrary")
+        self._store(range(len(self.documents)), 1, 1).write_file(path, kind="DocumentLibrary")
 
     @classmethod
     def load(cls, path, **kwargs) -> "DocumentLibrary":
         """Reads a library written by `save`; StoreFileError if the file is not one (nothing is built), OSError if unreadable."""
         library = cls(**kwargs)
-        for document in TokenStore._load(path, "DocumentLibrary").sequences():
+        for document in TokenStore.read_file(path, kind="DocumentLibrary").sequences():
             library.add(document)
         return library

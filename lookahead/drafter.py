@@ -45,7 +45,7 @@ class _AdapterAttribute:
                 f"{owner.__name__}.{self.name} was read on the class: pass a drafter instance, "
                 f"assistant_model={owner.__name__}(), not the class {owner.__name__}"
             )
-        return getattr(drafter._transformers(), self.name)
+        return getattr(drafter.transformers_assistant(), self.name)
 
 
 class LookupDrafter:
@@ -366,9 +366,13 @@ class LookupDrafter:
 
     def generate(self, input_ids, **kwargs):
         """transformers' candidate generator calls this once per verify step (not a model's generate)."""
-        return self._transformers().generate(input_ids, **kwargs)
+        return self.transformers_assistant().generate(input_ids, **kwargs)
 
-    def _transformers(self):
+    def transformers_assistant(self):
+        """The TransformersAssistant that answers transformers' reads on this drafter and owns that loop's state.
+
+        Built on first use (which imports lookahead.integrations.assistant), one per drafter.
+        """
         if self._transformers_adapter is None:
             from lookahead.integrations.assistant import TransformersAssistant
 

@@ -20,7 +20,8 @@ from lookahead.errors import StoreFileError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, SEPARATOR, TokenIndex, as_token_ids, kernels
 
 DEFAULT_MAX_TOKENS = 262_144  # about 15 MB (about 60 bytes a token, see TokenIndex)
-_FORMATS = ("lookahead.TokenStore", "lookahead.DocumentLibrary")  # header["format"]: the class whose load reads the file
+FILE_KINDS = ("TokenStore", "DocumentLibrary")  # header["format"] is f"lookahead.{kind}": the class whose load reads the file
+_FORMATS = tuple(f"lookahead.{kind}" for kind in FILE_KINDS)
 _VERSION = 2  # 2: a format marker per class (1: TokenStore's, for DocumentLibrary files too)
 
 
@@ -134,9 +135,15 @@ class TokenStore:
         Atomic: the file is written beside `path` and renamed over it, so a crash leaves the old
         file or the new one, whole (a crash may leave a hidden `.<name>.<random>.tmp` behind).
         """
-        self._save(path, "TokenStore")
+        self.write_file(path, kind="TokenStore")
 
-    def _save(self, path: str | Path, kind: str) -> None:
+    def write_file(self, path: str | Path, *, kind: str) -> None:
+        """`save`, marking the file as one of `kind` (in FILE_KINDS): the class whose load reads it.
+
+        For classes kept in a store's file format (DocumentLibrary.save); `read_file` refuses a file
+        of another kind, so no class loads another's file.
+        """
+        _check_kind(kind)
         with self._lock:  # copies: adds after the lock is released must not reach the file
             header = dict(format=f"lookahead.{kind}", version=_VERSION, max_tokens=self.max_tokens,
                           min_ngram=self._index.min_ngram, max_ngram=self._index.max_ngram, starts=list(self._starts))
@@ -154,10 +161,12 @@ class TokenStore:
                 another format version, over its max_tokens); nothing is built.
             OSError: the file cannot be read (FileNotFoundError, PermissionError, ...).
         """
-        return cls._load(path, "TokenStore")
+        return cls.read_file(path, kind="TokenStore")
 
     @classmethod
-    def _load(cls, path: str | Path, kind: str) -> "TokenStore":
+    def read_file(cls, path: str | Path, *, kind: str) -> "TokenStore":
+        """`load` of a file that `write_file` marked as one of `kind`; StoreFileError for a file of another kind."""
+        _check_kind(kind)
         with open(path, "rb") as f:  # an unreadable file raises its own OSError: it is not a corrupt one
             try:
                 store, tokens, starts = cls._read(f, kind)
@@ -197,6 +206,11 @@ class TokenStore:
             tokens = _read_array(archive, "tokens", file_bytes, limits)
         tokens, starts = _stored_sequences(tokens, header.get("starts"))
         return store, tokens, starts
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in FILE_KINDS:
+        raise ValueError(f"kind must be one of {FILE_KINDS}, got {kind!r}")
 
 
 def _read_array(archive: zipfile.ZipFile, name: str, file_bytes: int, limits=()) -> np.ndarray:

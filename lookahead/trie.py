@@ -16,12 +16,18 @@ Buffers (allocated once, grown by the class, never inside a kernel):
     weight  float64[cap]  # summed weight of the candidates through node
     child   int64[cap]    # first child of node, -1 if none
     sibling int64[cap]    # next child of the same parent, -1 if none; siblings in creation order
+
+Kernels take the trie as one tuple, `trie = (token, parent, weight, child, sibling, eos,
+vocab_limit)` (`DraftTrie.arrays`): the buffers, then what no path runs into (the int64 ids
+`eos`, and any id >= vocab_limit); the index as kernels.py's `index` tuple; options as a
+small tuple. A kernel that adds nodes takes the node count and returns (or writes to
+out[0]) the new one.
 """
 
 import numpy as np
 from numba import njit
 
-from lookahead.index import IndexBuffers, kernels
+from lookahead.index import IndexBuffers, TokenIndex, kernels
 from lookahead.index.kernels import EMPTY
 
 _warmed_up = False
@@ -29,8 +35,9 @@ NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
 
 
 @njit(cache=True, inline="always")
-def _add_path(source, start, stop, w, eos, limit, token, parent, weight, child, sibling, count):
-    # Adds source[start:stop], cut before any token in eos or >= limit, with weight w; returns the new count.
+def _add_path(source, start, stop, w, trie, count):
+    # Adds source[start:stop], cut before any token in eos or >= vocab_limit, with weight w; returns the new count.
+    token, parent, weight, child, sibling, eos, limit = trie
     node = 0
     for pos in range(start, stop):
         t = source[pos]
@@ -58,7 +65,7 @@ def _add_path(source, start, stop, w, eos, limit, token, parent, weight, child, 
 
 
 @njit(cache=True)
-def add_paths(source, starts, weights, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count):
+def add_paths(source, starts, weights, num_draft_tokens, trie, count):
     """Adds candidate i = source[starts[i] : starts[i] + num_draft_tokens] with weight weights[i]; returns the new count.
 
     The caller guarantees room: count + starts.shape[0] * num_draft_tokens <= token.shape[0].
@@ -66,20 +73,22 @@ def add_paths(source, starts, weights, num_draft_tokens, eos, limit, token, pare
     """
     for i in range(starts.shape[0]):
         stop = min(starts[i] + num_draft_tokens, source.shape[0])
-        count = _add_path(source, starts[i], stop, weights[i], eos, limit, token, parent, weight, child, sibling, count)
+        count = _add_path(source, starts[i], stop, weights[i], trie, count)
     return count
 
 
 @njit(cache=True, inline="always")
-def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min_match, shift, scale, skip_scale,
-                     match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, out):
-    # Walks the prev chain (kernels.index_ends) from first_end over at most `walk`
-    # occurrences of the query tokens[:query_len], most recent first. One whose last m
-    # tokens agree with the query's (min_match <= m <= max_ngram) adds
-    # tokens[end + shift : end + shift + num_draft_tokens] with weight scale * match_base**m; with
-    # skip_scale > 0, where tokens[end + shift] is the sequence's last token (the model
-    # skipped tokens[end + 1] and went on copying) it adds the tokens after that instead,
-    # with weight skip_scale * match_base**m. Writes (count, longest m added, its end) to out[0:3].
+def _add_occurrences(index, query_len, first_end, occurrences, match_base, num_draft_tokens, trie, count, out):
+    # occurrences = (walk, min_match, shift, scale, skip_scale). Walks the prev chain
+    # (kernels.index_ends) from first_end over at most `walk` occurrences of the query
+    # tokens[:query_len], most recent first. One whose last m tokens agree with the query's
+    # (min_match <= m <= max_ngram) adds tokens[end + shift : end + shift + num_draft_tokens]
+    # with weight scale * match_base**m; with skip_scale > 0, where tokens[end + shift] is the
+    # sequence's last token (the model skipped tokens[end + 1] and went on copying) it adds the
+    # tokens after that instead, with weight skip_scale * match_base**m. Writes (count,
+    # longest m added, its end) to out[0:3].
+    tokens, prev, _, n, _, max_ngram = index
+    walk, min_match, shift, scale, skip_scale = occurrences
     best_len, best_end = 0, -1
     end = first_end
     walked = 0
@@ -91,7 +100,7 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
             start, w = end + shift, scale * match_base**m
             if skip_scale > 0.0 and start < n - 1 and tokens[start] == tokens[n - 1]:
                 start, w = start + 1, skip_scale * match_base**m
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, eos, limit, token, parent, weight, child, sibling, count)
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, trie, count)
             if m > best_len:
                 best_len, best_end = m, end
         end = prev[end]
@@ -100,9 +109,10 @@ def _add_occurrences(tokens, prev, n, query_len, first_end, max_ngram, walk, min
 
 
 @njit(cache=True, inline="always")
-def _oldest_occurrence(tokens, prev, n, first_end, length, reach):
+def _oldest_occurrence(index, first_end, length, reach):
     # The oldest of the `reach` occurrences on the prev chain from first_end (most recent
     # first) whose last `length` tokens equal tokens[n - length : n]; -1 if none of them does.
+    tokens, prev, _, n, _, _ = index
     oldest = -1
     end = first_end
     walked = 0
@@ -118,11 +128,11 @@ def _oldest_occurrence(tokens, prev, n, first_end, length, reach):
 
 
 @njit(cache=True)
-def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, substitution_walk, source_len, first_reach,
-                          first_only, substitution_scale, skip_scale, match_base, num_draft_tokens, eos, limit, token, parent,
-                          weight, child, sibling, count, ends, out):
-    """Adds the continuations of earlier occurrences of the suffix of tokens[:n] (the index's arrays).
+def add_suffix_candidates(index, options, trie, count, ends, out):
+    """Adds the continuations of earlier occurrences of the suffix of the index's tokens[:n].
 
+    options = (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale,
+    skip_scale, source_len, first_reach, first_only):
     - The source's first occurrence: where the longest match occurs only in
       tokens[:source_len] (the prompt: the model is copying its source), the earliest of
       its occurrences among the `first_reach` most recent occurrences of the last
@@ -145,44 +155,46 @@ def add_suffix_candidates(tokens, prev, table, n, min_ngram, max_ngram, walk, su
     is scratch. The caller guarantees room for (walk + substitution_walk + 2) * num_draft_tokens nodes.
     Cost: O((walk + substitution_walk) * (max_ngram + num_draft_tokens * branching) + first_reach * max_ngram).
     """
+    (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len, first_reach,
+     first_only) = options
+    tokens, prev, _, n, min_ngram, _ = index
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
         return
-    match_len = kernels.match_ends(tokens, table, tokens, n, min_ngram, max_ngram, ends)
+    match_len = kernels.match_ends(index, tokens, n, ends)
     if match_len and ends[match_len] < source_len:  # its most recent occurrence is in the source: all are
-        first = _oldest_occurrence(tokens, prev, n, ends[min_ngram], match_len, first_reach)
+        first = _oldest_occurrence(index, ends[min_ngram], match_len, first_reach)
         if first >= 0:
-            count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, eos, limit,
-                              token, parent, weight, child, sibling, count)
+            count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, trie, count)
             if first_only and first + 1 + num_draft_tokens <= n:
                 out[0], out[1] = count, match_len
                 return
     if match_len:
-        _add_occurrences(tokens, prev, n, n, ends[min_ngram], max_ngram, walk, 1, 1, 1.0, 0.0, match_base, num_draft_tokens,
-                         eos, limit, token, parent, weight, child, sibling, count, out)
+        _add_occurrences(index, n, ends[min_ngram], (walk, 1, 1, 1.0, 0.0), match_base, num_draft_tokens, trie, count, out)
         count = out[0]
         if out[1] < match_len:  # the walk stopped before it (a frequent last token)
             start = ends[match_len] + 1
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, eos, limit,
-                              token, parent, weight, child, sibling, count)
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, trie, count)
     # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
-    _add_occurrences(tokens, prev, n, n - 1, prev[n - 2], max_ngram, substitution_walk, 2, 2, substitution_scale,
-                     skip_scale, match_base, num_draft_tokens, eos, limit, token, parent, weight, child, sibling, count, out)
+    _add_occurrences(index, n - 1, prev[n - 2], (substitution_walk, 2, 2, substitution_scale, skip_scale), match_base,
+                     num_draft_tokens, trie, count, out)
     out[2] = out[1]
     out[1] = match_len
 
 
 @njit(cache=True)
-def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, match_base, num_draft_tokens, stop_token, eos,
-                      limit, token, parent, weight, child, sibling, count, ends, out):
-    """Adds what followed the most recent occurrence, in an index's arrays, of the longest suffix of `query`.
+def add_longest_match(index, query, options, trie, count, ends, out):
+    """Adds what followed the most recent occurrence, in an index, of the longest suffix of `query`.
 
-    The continuation source[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token
-    (-1: none) and before any token in eos or >= limit; it weighs scale * match_base**m for an
+    options = (num_draft_tokens, match_base, scale, stop_token). The continuation
+    tokens[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token (-1: none)
+    and before any token in eos or >= vocab_limit; it weighs scale * match_base**m for an
     m-token match. Writes (count, m) to out (m = 0: no suffix of at least min_ngram
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
-    match_len = kernels.match_ends(source, table, query, query.shape[0], min_ngram, max_ngram, ends)
+    num_draft_tokens, match_base, scale, stop_token = options
+    source, _, _, n, _, _ = index
+    match_len = kernels.match_ends(index, query, query.shape[0], ends)
     if match_len:
         start = ends[match_len] + 1
         stop = min(start + num_draft_tokens, n)
@@ -190,18 +202,19 @@ def add_longest_match(source, table, n, query, min_ngram, max_ngram, scale, matc
             if source[pos] == stop_token:
                 stop = pos
                 break
-        count = _add_path(source, start, stop, scale * match_base**match_len, eos, limit, token, parent, weight, child, sibling, count)
+        count = _add_path(source, start, stop, scale * match_base**match_len, trie, count)
     out[0], out[1] = count, match_len
 
 
 @njit(cache=True)
-def heaviest_nodes(parent, weight, count, max_tree_nodes, depth_decay, out_nodes):
+def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
     """Writes the `max_tree_nodes` non-root nodes of highest weight * depth_decay ** level, in creation order, to out_nodes; returns how many.
 
     With depth_decay <= 1 a child never scores above its parent, and ties go to the
     earlier-created node, so a parent always comes before its children: the result is
     closed under parent. O(count log count).
     """
+    _, parent, weight, _, _, _, _ = trie
     if count <= 1:
         return 0
     score = np.empty(count - 1, dtype=np.float64)
@@ -218,8 +231,9 @@ def heaviest_nodes(parent, weight, count, max_tree_nodes, depth_decay, out_nodes
 
 
 @njit(cache=True)
-def heaviest_path(token, weight, child, sibling, max_len, out_ids):
+def heaviest_path(trie, max_len, out_ids):
     """Follows the heaviest child from the root (ties: the earliest created); writes its tokens. Returns the length."""
+    token, _, weight, child, sibling, _, _ = trie
     node = 0
     length = 0
     while length < max_len:
@@ -264,10 +278,39 @@ class DraftTrie:
         self._count = 0
         self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
-        self.eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
-        self.vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
+        self._eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
+        self._vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
+        self._arrays = ()  # the kernels' `trie` tuple (module docstring); rebuilt when a buffer, eos or vocab_limit changes
         self._reserve(1024)
         self.clear()
+
+    @property
+    def eos(self) -> np.ndarray:
+        """Token ids (int64) no path runs into."""
+        return self._eos
+
+    @eos.setter
+    def eos(self, ids: np.ndarray) -> None:
+        self._eos = ids
+        self._pack()
+
+    @property
+    def vocab_limit(self) -> int:
+        """No path runs into an id at or above this (the model's vocabulary size)."""
+        return self._vocab_limit
+
+    @vocab_limit.setter
+    def vocab_limit(self, limit: int) -> None:
+        self._vocab_limit = int(limit)
+        self._pack()
+
+    @property
+    def arrays(self) -> tuple:
+        """The tuple the kernels take (module docstring): the buffers, eos and vocab_limit; stale once the trie grows."""
+        return self._arrays
+
+    def _pack(self) -> None:
+        self._arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit)
 
     def __len__(self) -> int:
         """Nodes, the root excluded."""
@@ -283,7 +326,7 @@ class DraftTrie:
         if starts.shape[0] == 0 or num_draft_tokens <= 0:
             return
         self._reserve(self._count + starts.shape[0] * num_draft_tokens)
-        self._count = add_paths(source, starts, weights, num_draft_tokens, self.eos, self.vocab_limit, *self._buffers(), self._count)
+        self._count = add_paths(source, starts, weights, num_draft_tokens, self._arrays, self._count)
 
     def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
                               match_base: float, substitution_scale: float, skip_scale: float = 0.0, source_len: int = 0,
@@ -294,11 +337,9 @@ class DraftTrie:
         Returns (longest match_len, longest substitution match_len); 0 where none.
         """
         self._reserve(self._count + (walk + substitution_walk + 2) * max(num_draft_tokens, 0))
-        add_suffix_candidates(
-            index.tokens, index.prev, index.table, index.n, index.min_ngram, index.max_ngram, walk, substitution_walk,
-            source_len, first_reach, first_only, substitution_scale, skip_scale, match_base, num_draft_tokens, self.eos,
-            self.vocab_limit, *self._buffers(), self._count, self._ends, self._out,
-        )
+        options = (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len,
+                   first_reach, first_only)
+        add_suffix_candidates(tuple(index), options, self._arrays, self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1]), int(self._out[2])
 
@@ -310,9 +351,8 @@ class DraftTrie:
         The continuation also stops before `stop_token` (a store's sequence separator).
         """
         self._reserve(self._count + max(num_draft_tokens, 0))
-        add_longest_match(index.tokens, index.table, index.n, query, index.min_ngram, index.max_ngram, scale,
-                          match_base, num_draft_tokens, -1 if stop_token is None else stop_token, self.eos, self.vocab_limit, *self._buffers(),
-                          self._count, self._ends, self._out)
+        options = (num_draft_tokens, match_base, scale, -1 if stop_token is None else stop_token)
+        add_longest_match(tuple(index), query, options, self._arrays, self._count, self._ends, self._out)
         self._count = int(self._out[0])
         return int(self._out[1])
 
@@ -325,7 +365,7 @@ class DraftTrie:
     def path(self, max_len: int) -> np.ndarray:
         """The heaviest root path, at most max_len tokens (int64)."""
         out = np.empty(max(max_len, 0), dtype=np.int64)
-        return out[: heaviest_path(self._token, self._weight, self._child, self._sibling, max_len, out)]
+        return out[: heaviest_path(self._arrays, max_len, out)]
 
     def tree(self, max_tree_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
@@ -333,13 +373,10 @@ class DraftTrie:
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self._parent, self._weight, self._count, max_tree_nodes, depth_decay, nodes)]
+        nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
-
-    def _buffers(self):
-        return self._token, self._parent, self._weight, self._child, self._sibling
 
     def _reserve(self, capacity: int) -> None:
         if capacity <= self._token.shape[0]:
@@ -350,6 +387,7 @@ class DraftTrie:
             grown = np.zeros(capacity, dtype=old.dtype)
             grown[: old.shape[0]] = old
             setattr(self, name, grown)
+        self._pack()
 
 
 def warm_up() -> int:
@@ -357,8 +395,6 @@ def warm_up() -> int:
 
     The sources are int32 (an index's tokens) and int64 (a store's continuation).
     """
-    from lookahead.index import TokenIndex
-
     index = TokenIndex(min_ngram=1, max_ngram=4)
     index.extend([4, 5, 4, 6, 9, 4])
     buffers = index.buffers()

@@ -1,10 +1,12 @@
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lookahead import TokenIndex
-from lookahead.index import SEPARATOR, kernels
+from lookahead.index import SEPARATOR, as_id_set, kernels
 from tests import reference
 
 
@@ -18,7 +20,7 @@ def match_ends(index: TokenIndex) -> list[int]:
     """ends[g] = most recent earlier end of the g-token suffix (-1: none), from the kernel the drafts use."""
     buffers = index.buffers()
     ends = np.zeros(buffers.max_ngram + 1, dtype=np.int64)
-    kernels.match_ends(buffers.tokens, buffers.table, buffers.tokens, buffers.n, buffers.min_ngram, buffers.max_ngram, ends)
+    kernels.match_ends(tuple(buffers), buffers.tokens, buffers.n, ends)
     return ends.tolist()
 
 
@@ -187,3 +189,17 @@ def test_every_public_entry_refuses_bad_ids_with_our_message(entry, tokens, erro
     with pytest.raises(error, match=message) as raised:
         public_entries()[entry](tokens)
     assert raised.traceback[-1].path.name == "token_index.py"  # raised by as_token_ids, not inside numpy or torch
+
+
+@pytest.mark.parametrize(
+    "ids, expected",
+    [(None, set()), (5, {5}), (np.int32(5), {5}), (np.array(5), {5}), (np.array([5, 2, 5]), {2, 5}), ((2, 5), {2, 5}), ([], set())],
+)
+def test_as_id_set_reads_every_shape_of_eos_token_id(ids, expected):
+    assert as_id_set(ids) == expected and all(type(t) is int for t in as_id_set(ids))
+
+
+@pytest.mark.parametrize("ids", [[1, 2.0], ["1"], [[1]], 1.5])
+def test_as_id_set_refuses_non_ints_and_names_them(ids):
+    with pytest.raises(TypeError, match=re.escape(repr(ids))):
+        as_id_set(ids)

@@ -108,6 +108,20 @@ def test_save_and_load_round_trip(tmp_path):
         assert continuation(store, query, 4) == continuation(loaded, query, 4)
 
 
+def test_file_kinds_are_checked_on_write_and_read(tmp_path):
+    store = TokenStore()
+    store.add([1, 2, 3])
+    with pytest.raises(ValueError, match="'Store'"):
+        store.write_file(tmp_path / "s.npz", kind="Store")
+    assert not (tmp_path / "s.npz").exists()
+    store.write_file(tmp_path / "s.npz", kind="DocumentLibrary")
+    with pytest.raises(ValueError, match="'Store'"):
+        TokenStore.read_file(tmp_path / "s.npz", kind="Store")
+    with pytest.raises(StoreFileError, match="a DocumentLibrary file, not a TokenStore one"):
+        TokenStore.load(tmp_path / "s.npz")
+    assert [ids.tolist() for ids in TokenStore.read_file(tmp_path / "s.npz", kind="DocumentLibrary").sequences()] == [[1, 2, 3]]
+
+
 def _corrupt(path, header=None, tokens=None):
     with np.load(path) as data:
         h = json.loads(bytes(data["header"]).decode())

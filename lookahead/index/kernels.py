@@ -1,10 +1,15 @@
 """Numba kernels of the token index: module-level, arrays and scalars in, counts out.
 
-Layout shared by every kernel (owned and grown by `TokenIndex`):
+The index reaches a kernel as one plain tuple, `index = (tokens, prev, table, n, min_ngram,
+max_ngram)` (the fields of `IndexBuffers`; owned and grown by `TokenIndex`):
 
     tokens  int32[cap_tokens]  # tokens[pos] = token id at position pos; valid for pos < n
     prev    int32[cap_tokens]  # prev[end] = previous end of the min_ngram-gram ending at end (-1: none); for end <= n - 2
     table   int32[cap_slots]   # open addressing, linear probing; EMPTY or (end_pos << NGRAM_BITS) | (ngram - 1)
+    n, min_ngram, max_ngram    # tokens held; the gram lengths indexed
+
+A plain tuple, not the NamedTuple: numba types a plain tuple of arrays from a cached
+fingerprint, a NamedTuple through Python (about 0.5 us more a call).
 
 Invariant: for every ngram length `g` in [min_ngram, max_ngram] and every end position
 `e <= n - 2` with `e >= g - 1`, the table holds exactly one slot for the g-gram
@@ -78,13 +83,14 @@ def _insert(tokens, table, end, ngram, h):
 
 
 @njit(cache=True)
-def index_ends(tokens, prev, table, start, stop, min_ngram, max_ngram):
-    """Inserts every gram ending at positions start..stop-1. Returns the number of new slots.
+def index_ends(index, start, stop):
+    """Inserts every gram ending at positions start..stop-1 into the index's table. Returns the number of new slots.
 
     Also links occurrences of the shortest grams: prev[end] = the previous end of the
     min_ngram-gram ending at `end` (-1 if none).
     Cost: O((stop - start) * max_ngram) hashing plus one probe sequence per gram.
     """
+    tokens, prev, table, _, min_ngram, max_ngram = index
     added = 0
     for end in range(start, stop):
         prev[end] = -1
@@ -138,8 +144,8 @@ def _find(tokens, table, query, query_end, ngram, h):
 
 
 @njit(cache=True)
-def match_ends(tokens, table, query, query_len, min_ngram, max_ngram, ends):
-    """For each length g, the most recent end in `tokens` of the g-token suffix of query[:query_len].
+def match_ends(index, query, query_len, ends):
+    """For each length g, the most recent end in the index's tokens of the g-token suffix of query[:query_len].
 
     Writes ends[g] (-1 where that suffix does not occur; lengths outside min_ngram..max_ngram
     are -1 too) and returns the longest length found (0 if none). `ends` has max_ngram + 1
@@ -147,6 +153,7 @@ def match_ends(tokens, table, query, query_len, min_ngram, max_ngram, ends):
     n - 1 are not in the table, so every occurrence found is an earlier one.
     Cost: O(max_ngram) probe sequences of O(max_ngram) comparisons; independent of n.
     """
+    tokens, _, table, _, min_ngram, max_ngram = index
     for g in range(ends.shape[0]):
         ends[g] = -1
     query_end = query_len - 1
@@ -179,12 +186,13 @@ def warm_up() -> int:
     The input repeats a gram, so each kernel runs its full path, not an early exit.
     """
     tokens = np.array([3, 1, 4, 1, 5, 3, 1, 4], dtype=np.int32)
-    prev = np.zeros(tokens.shape[0], dtype=np.int32)
+    n = tokens.shape[0]
+    prev = np.zeros(n, dtype=np.int32)
     table = np.full(64, EMPTY, dtype=np.int32)
-    index_ends(tokens, prev, table, 0, tokens.shape[0] - 1, 1, 4)
+    index_ends((tokens, prev, table, n, 1, 4), 0, n - 1)
     bigger = np.full(128, EMPTY, dtype=np.int32)
     rehash(tokens, table, bigger)
     ends = np.zeros(5, dtype=np.int64)
     first_invalid(ends, 1)
     first_invalid(tokens.astype(np.int64), 1)
-    return match_ends(tokens, bigger, tokens, tokens.shape[0], 1, 4, ends)
+    return match_ends((tokens, prev, bigger, n, 1, 4), tokens, n, ends)

@@ -96,8 +96,15 @@ class TokenIndex:
         return view
 
     def buffers(self) -> IndexBuffers:
-        """The arrays for kernels that read the index (the draft trie's); do not write them."""
+        """The arrays for kernels that read the index (the draft trie's); do not write them.
+
+        Kernels take them as a plain tuple, `tuple(index.buffers())` (see kernels.py).
+        """
         return IndexBuffers(self._tokens, self._prev, self._table, self._n, self.min_ngram, self.max_ngram)
+
+    def _arrays(self) -> tuple:
+        # buffers() as the plain tuple the kernels take; stale once a buffer is replaced
+        return self._tokens, self._prev, self._table, self._n, self.min_ngram, self.max_ngram
 
     @property
     def nbytes(self) -> int:
@@ -137,7 +144,7 @@ class TokenIndex:
         for lo in range(max(start - 1, 0), self._n - 1, _CHUNK):
             hi = min(lo + _CHUNK, self._n - 1)
             self._reserve((hi - lo) * grams_per_end)
-            self._used += kernels.index_ends(self._tokens, self._prev, self._table, lo, hi, self.min_ngram, self.max_ngram)
+            self._used += kernels.index_ends(self._arrays(), lo, hi)  # after _reserve: it may replace the table
 
     def clear(self) -> None:
         """Drops every token; keeps the buffers."""
@@ -159,11 +166,11 @@ class TokenIndex:
 
     def _match(self, query) -> int:
         if query is None:
-            return kernels.match_ends(self._tokens, self._table, self._tokens, self._n, self.min_ngram, self.max_ngram, self._ends)
+            return kernels.match_ends(self._arrays(), self._tokens, self._n, self._ends)
         if not (isinstance(query, np.ndarray) and query.dtype == np.int64):
             query = as_token_ids(query, name="query")
         query = query[-self.max_ngram :]
-        return kernels.match_ends(self._tokens, self._table, query, query.shape[0], self.min_ngram, self.max_ngram, self._ends)
+        return kernels.match_ends(self._arrays(), query, query.shape[0], self._ends)
 
     def continuation(self, end: int, max_tokens: int) -> np.ndarray:
         """Up to `max_tokens` token ids that followed position `end` (a copy, int64)."""
@@ -218,17 +225,27 @@ def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
     return array
 
 
-def as_id_set(token_id) -> frozenset[int]:
-    """Token id(s) as a frozenset: None, an int, a list of ints, or an array/tensor of them."""
-    if token_id is None:
+def as_id_set(token_ids) -> frozenset[int]:
+    """Token id(s) as a frozenset of ints: None (none), an int, or a list, tuple, numpy array or tensor of ints.
+
+    How every layer reads an `eos_token_id` (the drafter's option, a generation config's).
+
+    Raises:
+        TypeError: a value that is not an int.
+
+    Example:
+        >>> sorted(as_id_set(2)), sorted(as_id_set([2, 7])), as_id_set(None)
+        ([2], [2, 7], frozenset())
+    """
+    if token_ids is None:
         return frozenset()
-    if isinstance(token_id, (int, np.integer)):
-        return frozenset([int(token_id)])
-    if hasattr(token_id, "tolist"):
-        token_id = token_id.tolist()
-        if isinstance(token_id, int):
-            return frozenset([token_id])
-    ids = list(token_id)
+    if isinstance(token_ids, (int, np.integer)):
+        return frozenset([int(token_ids)])
+    if hasattr(token_ids, "tolist"):  # a numpy array or tensor, 0-d included
+        token_ids = token_ids.tolist()
+        if isinstance(token_ids, int):
+            return frozenset([token_ids])
+    ids = list(token_ids) if hasattr(token_ids, "__iter__") else [token_ids]
     if not all(isinstance(t, (int, np.integer)) for t in ids):
-        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_id!r}")
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {token_ids!r}")
     return frozenset(int(t) for t in ids)
