@@ -93,7 +93,17 @@ def test_replay_command_runs_on_two_requests(where, argv, monkeypatch, capsys):
     assert "tau" in capsys.readouterr().out
 
 
-def test_relative_links_point_at_files():
+def anchors(page: Path) -> set[str]:
+    """The #fragments a page offers: its headings as GitHub slugs them, and explicit ids."""
+    text = FENCE.sub("", page.read_text())
+    slugs = {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in re.findall(r"^#+ (.+)$", text, re.M)}
+    return slugs | set(re.findall(r'<a id="([^"]+)">', text))
+
+
+def test_relative_links_point_at_files_and_headings():
     for page in PAGES:
-        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+        for target, fragment in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", page.read_text()):
+            linked = (page.parent / target) if target else page
+            assert linked.is_file(), f"{page.relative_to(ROOT)} links to {target}, which does not exist"
+            if fragment:
+                assert fragment in anchors(linked), f"{page.relative_to(ROOT)} links to {target}#{fragment}: no such heading"
