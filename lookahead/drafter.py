@@ -13,7 +13,7 @@ from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
-# Defaults measured with `lookahead replay` on ../shared/traces (README, "Choosing the defaults").
+# Defaults measured with `lookahead replay` on ../shared/traces (docs/design.md, "Provenance of the defaults and rules").
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_MAX_TREE_NODES = 64
 DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost

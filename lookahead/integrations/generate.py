@@ -39,7 +39,7 @@ from lookahead.integrations.hf import (
     streamer_dropped_by_transformers, supports_logits_to_keep, tree_unsupported_reason, vocab_size,
 )
 from lookahead.integrations.row_cache import RowCache
-from lookahead.integrations.verify import build_block, stop_index, walk
+from lookahead.integrations.verify import build_block, greedy_choices, stop_index, walk
 from lookahead.request import Request
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 
@@ -181,8 +181,9 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
                             [row.cached for row in active], cache.real, uncached=u, dtype=dtype)
         logits, first_logit = _forward(model, block, cache, logits_to_keep)
         step_record = [] if options.record else None  # (one row) per token the walk returns
+        argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
-                      step_record) for r, row in enumerate(active)]
+                      step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
         if costs is not None and not first:  # the step's real shape; the walk's choices synced the device
             costs.observe(len(active), block.tokens.shape[1], time.perf_counter() - start, tree=block.is_tree)
         going, kept_blocks = [], []

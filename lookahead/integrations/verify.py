@@ -112,31 +112,44 @@ def tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
 
 
 def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parents: list[int], u: int, sequence: list[int],
-         do_sample: bool, record: list | None = None) -> tuple[list[int], int]:
+         do_sample: bool, record: list | None = None, argmax: list[int] | None = None) -> tuple[list[int], int]:
     """The target's walk down one row's verified block: (block entries kept, from u - 1; the model's own token).
 
     tokens/parents: the row's entries, u uncached tokens then draft nodes (parents[i] < i);
     logits: (entries from `first` on, vocab). sequence: what the processors read before the
     block's path (its uncached tokens included). With `record`, appends (processed scores,
-    raw logits), each (1, vocab) float32, per token returned.
+    raw logits), each (1, vocab) float32, per token returned. `argmax`: the logits' argmax
+    per entry from `first` on, read once for the whole block where nothing processes the
+    scores (greedy_choices): then the walk reads no tensor.
     """
     children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, len(tokens))}
     path = [u - 1]
     device = logits.device
     while True:
         node = path[-1]
-        context = sequence + [tokens[i] for i in path[1:]]
-        choice, processed = choose(processors, torch.tensor([context], device=device), logits[node - first], do_sample)
-        if record is not None:
-            record.append((processed, logits[node - first][None].clone()))
+        if argmax is not None:
+            choice = argmax[node - first]
+        else:
+            context = torch.tensor([sequence + [tokens[i] for i in path[1:]]], device=device) if len(processors) else None
+            choice, processed = choose(processors, context, logits[node - first], do_sample)
+            if record is not None:
+                record.append((processed, logits[node - first][None].clone()))
         child = children.get((node, choice))
         if child is None:
             return path, choice
         path.append(child)
 
 
-def choose(processors, context: torch.LongTensor, logits: torch.Tensor, do_sample: bool) -> tuple[int, torch.Tensor]:
-    """(the token chosen, the (1, vocab) processed scores it was chosen from)."""
+def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
+    """Per row and entry, the logits' argmax, in one read from the device (one sync per step, not
+    one per kept token), where greedy choices need no processing and no scores are returned."""
+    if do_sample or len(processors) or record is not None:
+        return None
+    return logits.argmax(dim=-1).tolist()
+
+
+def choose(processors, context: torch.LongTensor | None, logits: torch.Tensor, do_sample: bool) -> tuple[int, torch.Tensor]:
+    """(the token chosen, the (1, vocab) processed scores it was chosen from); `context`: the ids the processors read."""
     scores = logits[None].clone()
     if len(processors):
         scores = processors(context, scores)
