@@ -20,7 +20,7 @@ SEPARATOR = MAX_TOKEN_ID + 1  # ends a sequence (end_sequence): no query holds i
 
 
 class IndexBuffers(NamedTuple):
-    """The arrays the kernels read (layout in kernels.py); read-only views, stale after the next mutation."""
+    """The arrays the kernels read (layout in kernels.py; a kernel takes them as `tuple(buffers)`); read-only, stale after the next mutation."""
 
     tokens: np.ndarray  # (cap_tokens,) int32; valid below n
     prev: np.ndarray  # (cap_tokens,) int32
