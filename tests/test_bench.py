@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from lookahead.bench import e2e
+from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
 
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -15,7 +15,7 @@ CORE = ["greedy", "hf prompt lookup k=16", "lookahead assistant_model", "lookahe
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setattr(e2e, "DEFAULT_SHAPE", TINY_SHAPE)
+    monkeypatch.setattr(traces, "DEFAULT_SHAPE", TINY_SHAPE)
 
 
 def write_traces(tmp_path, name="a.jsonl", requests=3, seed=0, end=49):
@@ -73,9 +73,9 @@ def test_forced_trace_task_stops_at_the_first_recorded_eos():
     from lookahead.bench.replay import Request
 
     request = Request(np.array([1, 2]), np.array([5, 9, 6, 9]), None)
-    task = e2e._forced_trace_task(request, max_new_tokens=10)
+    task = traces.forced_trace_task(request, max_new_tokens=10)
     assert (task.reference, task.eos_token_id, task.max_new_tokens) == ([5, 9], 9, 2)
-    assert e2e._forced_trace_task(request, max_new_tokens=1).reference == [5]
+    assert traces.forced_trace_task(request, max_new_tokens=1).reference == [5]
 
 
 def test_repeats_report_spread_and_variants_run(tiny, tmp_path, capsys):

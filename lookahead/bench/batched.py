@@ -17,8 +17,11 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 import lookahead
 from lookahead import LookupDrafter
-from lookahead.bench import e2e
+from lookahead.bench import traces
+from lookahead.bench.e2e import timed_generate
+from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table
+from lookahead.bench.traces import Task, build_model, describe, forced_trace_task, parse_dtypes, read_traces
 
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
@@ -49,32 +52,32 @@ class FollowRows(LogitsProcessor):
 def run_batch_bench(args) -> int:
     """Runs `lookahead bench --batch`; 0 when every batch is exact (or there are no traces: skipped)."""
     sizes = parse_batch_sizes(args.batch)
-    traces = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
-    if not traces:
+    paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    if not paths:
         print(f"lookahead bench --batch: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
         return 0
     max_new = args.max_new_tokens
     prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT_TOKENS
-    vocab = e2e.TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
-    per_file = e2e._read_traces(list(traces), max(sizes), vocab)
+    vocab = TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
+    per_file = read_traces(list(paths), max(sizes), vocab)
     pooled = [request for group in zip(*per_file.values()) for request in group]  # the files in turn
     pooled += [r for requests in per_file.values() for r in requests[len(pooled) // len(per_file) :]]
     if len(pooled) < max(sizes):
         raise ValueError(f"--batch {max(sizes)} needs {max(sizes)} requests; the trace files hold {len(pooled)}")
-    tasks = [e2e._forced_trace_task(r, max_new) for r in pooled]
-    tasks = [e2e.Task(t.prompt[-prompt_tokens:], t.reference, t.eos_token_id, t.max_new_tokens) for t in tasks]
+    tasks = [forced_trace_task(r, max_new) for r in pooled]
+    tasks = [Task(t.prompt[-prompt_tokens:], t.reference, t.eos_token_id, t.max_new_tokens) for t in tasks]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, described = [], None
-    for dtype in e2e.parse_dtypes(args.dtype, device=device, traces=True):
-        model = e2e.build_model(args, dtype, device, vocab)
-        described = described or e2e._describe(model, args)
+    for dtype in parse_dtypes(args.dtype, device=device, traces=True):
+        model = build_model(shape=traces.QUICK_SHAPE if args.quick else traces.DEFAULT_SHAPE, vocab=vocab, dtype=dtype, device=device)
+        described = described or describe(model)
         rows += bench_batches(model, tasks, sizes, repeats=args.repeats)
         del model
     if args.json:
         print(json.dumps({"device": device, "model": described, "batch_sizes": sizes, "max_new_tokens": max_new,
                           "prompt_tokens": prompt_tokens, "results": rows}))
     else:
-        print(f"model: {described}, {device}; one batch per size of the first requests of {', '.join(p.name for p in traces)} "
+        print(f"model: {described}, {device}; one batch per size of the first requests of {', '.join(p.name for p in paths)} "
               f"in turn, prompts cut to their last {prompt_tokens} tokens, at most {max_new} new tokens each")
         print("tokens/s: generated tokens of all rows / wall time of the whole generate() call (prefill included); "
               "speedup: over plain batched greedy, same run; forwards: forward passes of the target; exact: every row equal to plain batched greedy's")
@@ -97,13 +100,13 @@ def parse_batch_sizes(spec: str) -> list[int]:
     return sizes
 
 
-def bench_batches(model, tasks: list[e2e.Task], sizes: list[int], *, repeats: int = 1) -> list[dict]:
+def bench_batches(model, tasks: list[Task], sizes: list[int], *, repeats: int = 1) -> list[dict]:
     """Per batch size: plain batched greedy and ours, taking turns, `repeats` times, on one
     batch of the first `size` tasks; each method timed by its fastest run (another process
     on the machine only ever adds time), exact only if every run was."""
     dtype = str(model.dtype).removeprefix("torch.")
     lookahead.verify_costs(model)  # the one-time calibration, out of the timings
-    warm = [e2e.Task(t.prompt[-32:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
+    warm = [Task(t.prompt[-32:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
     for method in METHODS:
         _run(model, warm, method)
     rows = []
@@ -129,7 +132,7 @@ def bench_batches(model, tasks: list[e2e.Task], sizes: list[int], *, repeats: in
 METHODS = ("plain batched greedy", "lookahead.generate")
 
 
-def _run(model, tasks: list[e2e.Task], method: str) -> tuple[list[list[int]], float, int]:
+def _run(model, tasks: list[Task], method: str) -> tuple[list[list[int]], float, int]:
     """One batched generate() call: (output rows, seconds, forward passes)."""
     width = max(len(t.prompt) for t in tasks)
     ids = torch.tensor([[0] * (width - len(t.prompt)) + t.prompt for t in tasks], device=model.device)
@@ -140,11 +143,11 @@ def _run(model, tasks: list[e2e.Task], method: str) -> tuple[list[list[int]], fl
                   eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
     if method == "lookahead.generate":
         kwargs |= dict(custom_generate=lookahead.generate, assistant=LookupDrafter())  # a fresh drafter per batch
-    out, seconds, forwards = e2e.timed_generate(model, ids, kwargs)
+    out, seconds, forwards = timed_generate(model, ids, kwargs)
     return out.tolist(), seconds, forwards
 
 
-def _generated(out: list[list[int]], tasks: list[e2e.Task]) -> int:
+def _generated(out: list[list[int]], tasks: list[Task]) -> int:
     """Tokens the rows generated: each up to the first EOS of the batch's (its end; the rest is padding)."""
     prompt_width = max(len(t.prompt) for t in tasks)
     eos = {t.eos_token_id for t in tasks}

@@ -15,72 +15,29 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 from tqdm import tqdm
+from transformers import LogitsProcessorList
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 import lookahead
-from lookahead import LookupDrafter
+from lookahead import DocumentLibrary, LookupDrafter
+from lookahead.bench import traces
 from lookahead.bench import workloads as wl
+from lookahead.bench.replay import TRACE_VOCAB_SIZE, Request, replay_lookahead
 from lookahead.bench.tables import format_table
+from lookahead.bench.traces import Task, build_model, describe, forced_trace_task, load_model, parse_dtypes, read_traces
 
-# A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
-DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
-# --quick: a 60M-parameter shape, so prefilling a 1,200-token file takes a second, not twelve.
-QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
-TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
-DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
-DEFAULT_BATCH_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
-
-
-def add_bench_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="hub name or local folder of a causal LM (default: random weights, forced)")
-    parser.add_argument("--prompts", type=Path, default=None, help="JSON lines with a 'prompt' text each (with --model)")
-    parser.add_argument("--traces", type=Path, nargs="+", default=None,
-                        help="recorded trace files (prompt/generated token ids, see lookahead/bench/replay.py) instead of built-in workloads")
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help=f"vocabulary of the forced model with --traces (default {TRACE_VOCAB_SIZE}, Llama-3's); every trace id must be below it")
-    parser.add_argument("--requests", type=int, default=3, help="requests per workload: the first N of each trace file")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help=f"most tokens per request (a trace's recorded output is cut there; default {DEFAULT_MAX_NEW_TOKENS}, "
-                             f"{DEFAULT_BATCH_MAX_NEW_TOKENS} with --batch)")
-    parser.add_argument("--dtype", default=None,
-                        help="float32, bfloat16, auto (bfloat16 on CUDA, float32 on CPU) or a comma list, e.g. float32,bfloat16: "
-                             "one model per dtype, each timed (default: float32,bfloat16 with --traces, else auto)")
-    parser.add_argument("--repeats", type=int, default=1, help="run everything N times; report each request's fastest run, and the min-max of the runs' ratios")
-    parser.add_argument("--variants", action="store_true",
-                        help="also time prompt lookup k=10, our chain-only and tree-only engine, and our unsized drafts")
-    parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
-    parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
-    parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
-    parser.add_argument("--batch", default=None,
-                        help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
-                             "requests per size (--traces, default ../shared/traces; skipped where absent)")
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
-    parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
 
 
 def run_bench(args) -> int:
-    if args.max_new_tokens is None:
-        args.max_new_tokens = DEFAULT_BATCH_MAX_NEW_TOKENS if args.batch is not None else DEFAULT_MAX_NEW_TOKENS
-    if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
-        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
-        raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
-    if args.batch is not None:
-        if args.model or args.prompts or args.overhead or args.documents:
-            raise ValueError("--batch runs the forced model on trace requests: it does not take --model, --prompts, --overhead or --documents")
-        from lookahead.bench.batched import run_batch_bench
-
-        return run_batch_bench(args)
+    """The traces / built-in workloads mode, --overhead or --documents; options already checked (cli.run_bench)."""
     if args.plot:
         _import_pyplot()  # up front, not after the whole benchmark has run
     if args.overhead:
@@ -108,8 +65,8 @@ def run_bench(args) -> int:
     label = "file" if args.traces else "workload"
     rows, described = [], None
     for dtype in dtypes:
-        model = build_model(args, dtype, device, vocab)
-        described = described or _describe(model, args)
+        model = model_for(args, dtype, device, vocab)
+        described = described or describe(model, args.model)
         rows += bench_model(model, tasks, methods(variants=args.variants), repeats=args.repeats, label=label)
         del model
     if args.json:
@@ -133,44 +90,15 @@ def run_bench(args) -> int:
     return 0 if all(r["exact"] for r in rows) else 1
 
 
-@dataclass(frozen=True)
-class Task:
-    """One request: the prompt and, for the forced model, the output it is made to write."""
-
-    prompt: list[int]
-    reference: list[int] | None  # None: a real model writes what it writes
-    eos_token_id: int | None  # None: the model's own
-    max_new_tokens: int  # len(reference) when forced
-
-
-def parse_dtypes(spec: str | None, *, device: str, traces: bool) -> list[torch.dtype]:
-    """--dtype: float32, bfloat16, auto, or a comma list of them; duplicates dropped, order kept."""
-    if spec is None:
-        spec = "float32,bfloat16" if traces else "auto"
-    dtypes = []
-    for name in (s.strip() for s in spec.split(",")):
-        if name == "auto":
-            # Measured on this project's CPU (AVX-512 without bf16 units): fp32 verifies 16
-            # tokens for 2.5x one token's cost, bf16 for 4.4x. GPUs are the other way round.
-            name = "bfloat16" if device == "cuda" else "float32"
-        if name not in ("float32", "bfloat16"):
-            raise ValueError(f"--dtype takes float32, bfloat16, auto or a comma list of them, got {spec!r}")
-        if getattr(torch, name) not in dtypes:
-            dtypes.append(getattr(torch, name))
-    return dtypes
-
-
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
     """Per workload (or trace file), its requests; and the forced model's vocabulary (None with --model)."""
     if args.vocab_size is not None and (args.model or not args.traces):
         raise ValueError("--vocab-size sets the forced model's vocabulary with --traces (the built-in workloads and --model bring their own)")
     if args.model:
-        import transformers
-
         if args.traces:
             return {name: [Task(r.prompt.tolist(), None, None, args.max_new_tokens) for r in requests]
-                    for name, requests in _read_traces(args.traces, args.requests, None).items()}, None
-        tokenizer = _load(transformers.AutoTokenizer, args.model)
+                    for name, requests in read_traces(args.traces, args.requests, None).items()}, None
+        tokenizer = load_model(transformers.AutoTokenizer, args.model)
         if args.prompts:
             texts = {args.prompts.name: [_read_prompt(args.prompts, i, line) for i, line in enumerate(args.prompts.read_text().splitlines(), 1) if line.strip()][: args.requests]}
         else:
@@ -182,70 +110,19 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
         vocab = TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
         if vocab < 2:
             raise ValueError(f"--vocab-size must be >= 2, got {vocab}")
-        return {name: [_forced_trace_task(r, args.max_new_tokens) for r in requests]
-                for name, requests in _read_traces(args.traces, args.requests, vocab).items()}, vocab
+        return {name: [forced_trace_task(r, args.max_new_tokens) for r in requests]
+                for name, requests in read_traces(args.traces, args.requests, vocab).items()}, vocab
     bpe = wl.tokenizer()
     pairs = wl.make_workloads(requests=args.requests)
     eos = bpe.token_to_id(wl.EOS)
     return {name: [Task(r.prompt, r.reference, eos, len(r.reference)) for r in wl.encode(bpe, p, args.max_new_tokens)] for name, p in pairs.items()}, wl.VOCAB_SIZE
 
 
-def _read_traces(paths: list[Path], requests: int, vocab: int | None) -> dict:
-    """The first `requests` requests of each file, by file name (the path where names repeat)."""
-    from lookahead.bench.replay import load_trace
-
-    names = [p.name for p in paths]
-    out = {}
-    for path in paths:
-        name = path.name if names.count(path.name) == 1 else str(path)
-        loaded = load_trace(path)
-        if vocab is not None:
-            for i, r in enumerate(loaded, 1):
-                top = max(int(r.prompt.max(initial=0)), int(r.output.max(initial=0)))
-                if top >= vocab:
-                    raise ValueError(f"{path}: request {i} holds token id {top}, not below --vocab-size {vocab}")
-        out[name] = loaded[:requests]
-    return out
-
-
-def _forced_trace_task(request, max_new_tokens: int) -> Task:
-    """The recorded output cut to max_new_tokens; EOS is the recorded output's last token (the
-    model's end-of-turn where it finished), so the forced model stops there as the real one
-    did, or at the cut, never earlier."""
-    output = request.output.tolist()
-    eos = output[-1] if output else None
-    reference = output[:max_new_tokens]
-    if eos in reference:
-        reference = reference[: reference.index(eos) + 1]
-    return Task(request.prompt.tolist(), reference, eos, len(reference))
-
-
-def _load(auto_class, name: str, **kwargs):
-    """auto_class.from_pretrained(name); a model that cannot be loaded is one line, not transformers' traceback."""
-    try:
-        return auto_class.from_pretrained(name, **kwargs)
-    except (OSError, ValueError) as e:  # not found, not a model, offline
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--model {name}: cannot load it ({reason})") from None
-
-
-def build_model(args, dtype: torch.dtype, device: str, vocab: int | None):
+def model_for(args, dtype: torch.dtype, device: str, vocab: int | None):
     """The model timed: --model's, or random weights with DEFAULT_SHAPE (QUICK_SHAPE with --quick) at `vocab`."""
-    import transformers
-
     if args.model:
-        return _load(transformers.AutoModelForCausalLM, args.model, dtype=dtype).to(device).eval()
-    torch.manual_seed(0)
-    shape = QUICK_SHAPE if args.quick else DEFAULT_SHAPE
-    config = transformers.Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **shape)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
-
-
-def _describe(model, args) -> str:
-    if args.model:
-        return args.model
-    params = sum(p.numel() for p in model.parameters())
-    return f"random {type(model).__name__} ({params / 1e6:.0f}M parameters, vocab {model.config.vocab_size}), forced to the references"
+        return load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).to(device).eval()
+    return build_model(shape=traces.QUICK_SHAPE if args.quick else traces.DEFAULT_SHAPE, vocab=vocab, dtype=dtype, device=device)
 
 
 def _read_prompt(path: Path, line_no: int, line: str) -> str:
@@ -341,8 +218,6 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None) -> di
 
 def _generate(model, task: Task, options: dict) -> tuple[list[int], float, int]:
     """One generate() call, timed whole (prefill included); the output ids, its seconds and forward passes."""
-    from transformers import LogitsProcessorList
-
     input_ids = torch.tensor([task.prompt], device=model.device)
     kwargs = dict(max_new_tokens=task.max_new_tokens, do_sample=False, **options)
     if task.reference is not None:
@@ -395,8 +270,6 @@ def _summary(per_run: list[dict[str, dict]], method: str) -> dict:
 
 def measure_overhead(*, quick: bool = False) -> list[dict]:
     """µs per drafting step (extend by one verified token + propose) and index bytes per token."""
-    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
-
     contexts = OVERHEAD_CONTEXTS[:3] if quick else OVERHEAD_CONTEXTS
     stream = np.asarray(wl.token_stream(wl.tokenizer(), max(contexts) + 1000), dtype=np.int64)
     steps = 200
@@ -430,9 +303,6 @@ def measure_documents(*, quick: bool = False) -> list[dict]:
     the DocumentLibrary prefilter ("selected"). Reports τ, per-request setup, per-step
     drafting cost and the document index's memory.
     """
-    from lookahead import DocumentLibrary
-    from lookahead.bench.replay import Request, replay_lookahead
-
     bpe = wl.tokenizer()
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and 3000 <= p.stat().st_size <= 30000)

@@ -21,6 +21,9 @@ from lookahead.index import MAX_TOKEN_ID
 from lookahead.sizing import SIZES, DraftSizer, cost_curve, plan_step
 
 
+TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
+
+
 class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the file and line."""
 

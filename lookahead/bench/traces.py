@@ -1,0 +1,102 @@
+"""The forced model and its requests, below every bench mode.
+
+- `Task`: one request (prompt, the output the model is forced to write, its EOS);
+- `read_traces`, `forced_trace_task`: trace files (replay.load_trace) as tasks;
+- `build_model`, `describe`, `parse_dtypes`: the random-weight model of a given shape.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from lookahead.bench.replay import load_trace
+
+# A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
+DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
+# --quick: a 60M-parameter shape, so prefilling a 1,200-token file takes a second, not twelve.
+QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
+# An 8B-class decoder (Llama-3.1-8B's shape, which wrote ../shared/traces); for a GPU.
+SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)
+SHAPES = {"0.5b": DEFAULT_SHAPE, "quick": QUICK_SHAPE, "8b": SHAPE_8B}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One request: the prompt and, for the forced model, the output it is made to write."""
+
+    prompt: list[int]
+    reference: list[int] | None  # None: a real model writes what it writes
+    eos_token_id: int | None  # None: the model's own
+    max_new_tokens: int  # len(reference) when forced
+
+
+def read_traces(paths: list[Path], requests: int | None, vocab: int | None) -> dict:
+    """The first `requests` requests (all with None) of each file, by file name (the path
+    where names repeat); every id checked below `vocab` unless it is None."""
+    names = [p.name for p in paths]
+    out = {}
+    for path in paths:
+        name = path.name if names.count(path.name) == 1 else str(path)
+        loaded = load_trace(path)
+        if vocab is not None:
+            for i, r in enumerate(loaded, 1):
+                top = max(int(r.prompt.max(initial=0)), int(r.output.max(initial=0)))
+                if top >= vocab:
+                    raise ValueError(f"{path}: request {i} holds token id {top}, not below --vocab-size {vocab}")
+        out[name] = loaded[:requests]
+    return out
+
+
+def forced_trace_task(request, max_new_tokens: int) -> Task:
+    """The recorded output cut to max_new_tokens; EOS is the recorded output's last token (the
+    model's end-of-turn where it finished), so the forced model stops there as the real one
+    did, or at the cut, never earlier."""
+    output = request.output.tolist()
+    eos = output[-1] if output else None
+    reference = output[:max_new_tokens]
+    if eos in reference:
+        reference = reference[: reference.index(eos) + 1]
+    return Task(request.prompt.tolist(), reference, eos, len(reference))
+
+
+def parse_dtypes(spec: str | None, *, device: str, traces: bool) -> list[torch.dtype]:
+    """--dtype: float32, bfloat16, auto, or a comma list of them; duplicates dropped, order kept."""
+    if spec is None:
+        spec = "float32,bfloat16" if traces else "auto"
+    dtypes = []
+    for name in (s.strip() for s in spec.split(",")):
+        if name == "auto":
+            # Measured on this project's CPU (AVX-512 without bf16 units): fp32 verifies 16
+            # tokens for 2.5x one token's cost, bf16 for 4.4x. GPUs are the other way round.
+            name = "bfloat16" if device == "cuda" else "float32"
+        if name not in ("float32", "bfloat16"):
+            raise ValueError(f"--dtype takes float32, bfloat16, auto or a comma list of them, got {spec!r}")
+        if getattr(torch, name) not in dtypes:
+            dtypes.append(getattr(torch, name))
+    return dtypes
+
+
+def load_model(auto_class, name: str, **kwargs):
+    """auto_class.from_pretrained(name); a model that cannot be loaded is one line, not transformers' traceback."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:  # not found, not a model, offline
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {name}: cannot load it ({reason})") from None
+
+
+def build_model(*, shape: dict, vocab: int, dtype: torch.dtype, device: str):
+    """Random weights (seed 0) of a Qwen2 decoder of `shape` at `vocab`, tied embeddings, in eval mode."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **shape)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+
+
+def describe(model, name: str | None = None) -> str:
+    """`name` (a real model), or the random model's class, size and vocabulary."""
+    if name:
+        return name
+    params = sum(p.numel() for p in model.parameters())
+    return f"random {type(model).__name__} ({params / 1e6:.0f}M parameters, vocab {model.config.vocab_size}), forced to the references"
