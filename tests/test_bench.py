@@ -47,7 +47,8 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE
     ]
     for r in rows:
-        assert set(r) == {"file", "dtype", "method", "tokens_per_s", "speedup", "vs_pld", "tau", "exact", "tokens"}
+        assert set(r) == {"file", "dtype", "method", "tokens_per_s", "speedup", "vs_pld", "decode_speedup", "decode_vs_pld", "tau", "exact",
+                          "tokens", "requests", "seconds", "ttft_ms", "tpot_ms"}
         assert r["exact"], r
         assert r["tokens"] == 2 * 40  # two requests, each cut at 40 tokens (its EOS lies beyond)
         assert r["tokens_per_s"] > 0
@@ -91,8 +92,9 @@ def test_repeats_report_spread_and_variants_run(tiny, tmp_path, capsys):
 
 
 def test_repeats_time_each_request_by_its_fastest_run():
-    def run(greedy, pld, ours):  # seconds per request; 10 tokens per request
-        return {name: dict(request_seconds=seconds, tokens=10 * len(seconds), forwards=len(seconds), exact=True)
+    def run(greedy, pld, ours):  # seconds per request; 10 tokens per request, the first after 0.1 s
+        return {name: dict(request_seconds=seconds, request_first_token_s=[0.1] * len(seconds), tokens=10 * len(seconds),
+                           forwards=len(seconds), exact=True)
                 for name, seconds in (("greedy", greedy), (e2e.PLD, pld), ("ours", ours))}
 
     # run 1 stalled ours' first request, run 2 greedy's second: neither stall counts
@@ -100,6 +102,10 @@ def test_repeats_time_each_request_by_its_fastest_run():
     assert row["tokens_per_s"] == pytest.approx(20 / 1.0)
     assert row["speedup"] == pytest.approx(2.0) and row["vs_pld"] == pytest.approx(4.0)
     assert (row["speedup_min"], row["speedup_max"]) == (round(2 / 9.5, 3), 8.0)  # the runs' own ratios
+    # decoding: 18 tokens after the first in 1.0 - 0.2 s (ours), 2.0 - 0.2 (greedy), 4.0 - 0.2 (PLD)
+    assert row["ttft_ms"] == pytest.approx(100.0) and row["tpot_ms"] == pytest.approx(800 / 18)
+    assert row["decode_speedup"] == pytest.approx(1.8 / 0.8, abs=1e-3) and row["decode_vs_pld"] == pytest.approx(3.8 / 0.8, abs=1e-3)
+    assert row["ttft_ms"] * row["requests"] + row["tpot_ms"] * (row["tokens"] - row["requests"]) == pytest.approx(row["seconds"] * 1e3)
 
 
 def test_one_drafter_per_method_serves_all_of_a_files_requests(tiny, tmp_path, monkeypatch):
@@ -162,18 +168,25 @@ def test_batch_bench_rows_are_exact_per_batch_size_and_dtype(tiny, tmp_path, cap
                             "--repeats", "2")
     assert code == 0
     rows = out["results"]
-    methods = ["plain batched greedy", "lookahead.generate"]
+    methods = {1: ["plain batched greedy", "lookahead.generate", "hf prompt lookup k=16"], 4: ["plain batched greedy", "lookahead.generate"]}
     assert [(r["batch"], r["dtype"], r["method"]) for r in rows] == [
-        (size, d, m) for d in ("float32", "bfloat16") for size in (1, 4) for m in methods
+        (size, d, m) for d in ("float32", "bfloat16") for size in (1, 4) for m in methods[size]
     ]
     by = {(r["batch"], r["dtype"], r["method"]): r for r in rows}
     for r in rows:
         assert r["exact"], r
-        assert r["tokens"] == r["batch"] * 30  # every row cut at 30 tokens (its EOS lies beyond)
+        assert r["tokens"] == r["batch"] * 30 and r["longest_row_tokens"] == 30  # every row cut at 30 tokens (its EOS lies beyond)
+        assert 0 < r["ttft_ms"] < r["seconds"] * 1e3
+        assert r["ttft_ms"] + r["tpot_ms"] * (r["longest_row_tokens"] - 1) == pytest.approx(r["seconds"] * 1e3)
+        assert (r["vs_pld"] is None) == (r["decode_vs_pld"] is None) == (r["batch"] > 1)  # prompt lookup runs one row only
     for d in ("float32", "bfloat16"):
         for size in (1, 4):
-            assert by[size, d, "plain batched greedy"]["forwards"] == 30  # one per token, prefill included
+            plain = by[size, d, "plain batched greedy"]
+            assert plain["forwards"] == 30  # one per token, prefill included
+            assert plain["speedup"] == plain["decode_speedup"] == 1.0
             assert by[size, d, "lookahead.generate"]["forwards"] < 30  # drafts kept: the outputs copy their prompts
+        assert by[1, d, "hf prompt lookup k=16"]["vs_pld"] == by[1, d, "hf prompt lookup k=16"]["decode_vs_pld"] == 1.0
+        assert by[1, d, "hf prompt lookup k=16"]["forwards"] < 30
 
 
 def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys, monkeypatch):
@@ -186,3 +199,63 @@ def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys
     assert "--batch takes a comma list" in capsys.readouterr().err
     assert main(["bench", "--batch", "4", "--traces", str(write_traces(tmp_path)), "--vocab-size", str(VOCAB)]) == 2
     assert "needs 4 requests" in capsys.readouterr().err
+
+
+def test_traces_bench_decode_times_add_up_to_the_wall_clock(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=2)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "30")
+    assert code == 0
+    by = {r["method"]: r for r in out["results"]}
+    for r in by.values():
+        assert r["requests"] == 2 and 0 < r["ttft_ms"] * r["requests"] < r["seconds"] * 1e3
+        assert r["ttft_ms"] * r["requests"] + r["tpot_ms"] * (r["tokens"] - r["requests"]) == pytest.approx(r["seconds"] * 1e3)
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"], rel=1e-3)
+    assert by["greedy"]["decode_speedup"] == 1.0 and by[e2e.PLD]["decode_vs_pld"] == 1.0
+    ours = by["lookahead.generate"]
+    greedy_tpot = by["greedy"]["tpot_ms"]
+    assert ours["decode_speedup"] == pytest.approx(greedy_tpot / ours["tpot_ms"], abs=1e-3)
+
+
+def test_prompt_lookups_steps_in_the_bench_equal_replay_hf(tiny, tmp_path, capsys):
+    # Forcing in the forward hands transformers' prompt lookup no processor to filter its
+    # candidates with: its forward passes are exactly the model-free replay's steps.
+    from lookahead.bench.replay import Request, load_trace, replay_hf
+
+    path = write_traces(tmp_path, requests=3)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "40",
+                            "--methods", f"greedy,{e2e.PLD}")
+    assert code == 0
+    pld = next(r for r in out["results"] if r["method"] == e2e.PLD)
+    tasks = [traces.forced_trace_task(r, 40) for r in load_trace(path)]
+    replayed = replay_hf([Request(np.array(t.prompt), np.array(t.reference), None) for t in tasks], num_draft_tokens=16, ngram=3)
+    assert pld["tokens"] == replayed["tokens"]
+    assert pld["tau"] == round(replayed["tokens"] / replayed["steps"], 3)
+
+
+def test_force_reference_lifts_one_logit_per_position_and_no_other():
+    import torch
+
+    model = traces.build_model(shape=TINY_SHAPE, vocab=VOCAB, dtype=torch.float32, device="cpu")
+    prompt, reference = [3, 4, 5, 6], [7, 8, 9]
+    ids = torch.tensor([prompt + reference[:2]])
+    with torch.inference_mode():
+        plain = model(input_ids=ids).logits[0]
+        with traces.force_reference(model, len(prompt), reference):
+            forced = model(input_ids=ids).logits[0]
+    changed = (forced != plain).nonzero().tolist()
+    assert changed == [[3, 7], [4, 8], [5, 9]]  # positions 3..5 predict reference[0..2]; the prompt's first three are left alone
+    assert forced[3:].argmax(-1).tolist() == reference
+    assert torch.isfinite(forced).all()  # nothing made impossible
+
+
+def test_methods_option_selects_and_refuses(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=1)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "12",
+                            "--methods", f"greedy,{e2e.PLD},lookahead.generate tree,hf prompt lookup k=10")
+    assert code == 0
+    assert [r["method"] for r in out["results"]] == ["greedy", e2e.PLD, "lookahead.generate tree", "hf prompt lookup k=10"]
+    assert all(r["exact"] for r in out["results"])
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--methods", "greedy,nope"]) == 2
+    assert "--methods: no method 'nope'" in capsys.readouterr().err
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--methods", "greedy,lookahead.generate"]) == 2
+    assert "--methods must name greedy and" in capsys.readouterr().err

@@ -67,6 +67,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="run everything N times; report each request's fastest run, and the min-max of the runs' ratios")
     parser.add_argument("--variants", action="store_true",
                         help="also time prompt lookup k=10, our chain-only and tree-only engine, and our unsized drafts")
+    parser.add_argument("--methods", default=None,
+                        help="a comma list of the methods to time, by the names the table prints (greedy and "
+                             "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants)")
     parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
     parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
     parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")

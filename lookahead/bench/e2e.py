@@ -15,13 +15,13 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
 from tqdm import tqdm
-from transformers import LogitsProcessorList
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 import lookahead
@@ -30,7 +30,8 @@ from lookahead.bench import traces
 from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, Request, replay_lookahead
 from lookahead.bench.tables import format_table
-from lookahead.bench.traces import Task, build_model, describe, forced_trace_task, load_model, parse_dtypes, read_traces
+from lookahead.bench.timing import Timing, timed_generate
+from lookahead.bench.traces import Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces
 
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
@@ -61,13 +62,14 @@ def run_bench(args) -> int:
         args.requests, args.max_new_tokens = 1, 128
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtypes = parse_dtypes(args.dtype, device=device, traces=bool(args.traces))
+    chosen = select_methods(args.methods, variants=args.variants)
     tasks, vocab = load_tasks(args)
     label = "file" if args.traces else "workload"
     rows, described = [], None
     for dtype in dtypes:
         model = model_for(args, dtype, device, vocab)
         described = described or describe(model, args.model)
-        rows += bench_model(model, tasks, methods(variants=args.variants), repeats=args.repeats, label=label)
+        rows += bench_model(model, tasks, chosen, repeats=args.repeats, label=label)
         del model
     if args.json:
         print(json.dumps({"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
@@ -75,15 +77,17 @@ def run_bench(args) -> int:
     else:
         print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
-              f"speedup: over greedy, vs PLD: over {PLD}, both from the same run"
+              "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "
+              "after the first, (wall - TTFT) / (tokens - 1), the decoding this library speeds up; "
+              f"speedup, vs PLD: wall-clock speed over greedy and over {PLD}, TPOT x: decoding speed over greedy, TPOT vs PLD: over PLD, all from the same run"
               + (f" (each request's fastest of {args.repeats} runs; in brackets the min-max of the runs' own ratios)" if args.repeats > 1 else "")
               + "; tau: generated tokens / forward passes of the target; exact: output equal to "
               + ("plain greedy's" if args.model else "the reference"))
-        spread = lambda r, key: f"{r[key]:.2f}x" + (f" ({r[key + '_min']:.2f}-{r[key + '_max']:.2f})" if args.repeats > 1 else "")  # noqa: E731
         print(format_table(
-            [label, "dtype", "method", "tokens/s", "speedup", "vs PLD k=16", "tau", "exact"],
-            [[r[label], r["dtype"], r["method"], f"{r['tokens_per_s']:.1f}", spread(r, "speedup"), spread(r, "vs_pld"), f"{r['tau']:.2f}",
-              "yes" if r["exact"] else "NO"] for r in rows],
+            [label, "dtype", "method", "tokens/s", "speedup", "vs PLD k=16", "TTFT ms", "TPOT ms", "TPOT x", "TPOT vs PLD", "tau", "exact"],
+            [[r[label], r["dtype"], r["method"], f"{r['tokens_per_s']:.1f}", spread(r, "speedup"), spread(r, "vs_pld"), f"{r['ttft_ms']:.1f}",
+              _ms(r["tpot_ms"]), spread(r, "decode_speedup"), spread(r, "decode_vs_pld"), f"{r['tau']:.2f}", "yes" if r["exact"] else "NO"]
+             for r in rows],
         ))
     if args.plot:
         plot(rows, args.plot, label=label)
@@ -116,6 +120,18 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
     pairs = wl.make_workloads(requests=args.requests)
     eos = bpe.token_to_id(wl.EOS)
     return {name: [Task(r.prompt, r.reference, eos, len(r.reference)) for r in wl.encode(bpe, p, args.max_new_tokens)] for name, p in pairs.items()}, wl.VOCAB_SIZE
+
+
+def spread(row: dict, key: str) -> str:
+    """A ratio as '1.23x', with its runs' min-max in brackets where there were several; '-' where undefined."""
+    if row[key] is None:
+        return "-"
+    low, high = row.get(f"{key}_min"), row.get(f"{key}_max")
+    return f"{row[key]:.2f}x" + (f" ({low:.2f}-{high:.2f})" if low is not None else "")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def model_for(args, dtype: torch.dtype, device: str, vocab: int | None):
@@ -169,6 +185,20 @@ def methods(*, variants: bool = False) -> list[tuple[str, Callable[[], dict]]]:
     ]
 
 
+def select_methods(spec: str | None, *, variants: bool = False) -> list[tuple[str, Callable[[], dict]]]:
+    """--methods: the named methods in the order given (greedy and PLD, the ratios' baselines, required); None: methods(variants=...)."""
+    if spec is None:
+        return methods(variants=variants)
+    known = dict(methods(variants=True))
+    names = [name.strip() for name in spec.split(",")]
+    unknown = next((name for name in names if name not in known), None)
+    if unknown is not None:
+        raise ValueError(f"--methods: no method {unknown!r}; the methods are: {', '.join(known)}")
+    if "greedy" not in names or PLD not in names:
+        raise ValueError(f"--methods must name greedy and {PLD!r} (the ratios are to them), got {spec!r}")
+    return [(name, known[name]) for name in dict.fromkeys(names)]
+
+
 def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 1, label: str = "workload") -> list[dict]:
     """Times every method on every workload's requests, `repeats` times; one row per (workload, method).
 
@@ -181,7 +211,7 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
     first = next(t for requests in tasks.values() for t in requests)
     warm = Task(first.prompt[-64:], first.reference[:8] if first.reference is not None else None, first.eos_token_id, 8)
     for _, make in methods:
-        _generate(model, warm, make())
+        generate_task(model, warm, make())
     runs = {name: [] for name in tasks}  # per workload, per repeat: {method: totals}
     total = repeats * sum(len(requests) for requests in tasks.values())
     with tqdm(total=total, file=sys.stderr, leave=False, unit="request") as bar:
@@ -196,75 +226,83 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
     return rows
 
 
-def time_methods(model, requests: list[Task], methods, *, on_request=None) -> dict[str, dict]:
-    """One run over `requests`: per method, the seconds of each request, summed tokens and
-    forward passes, and whether every output was exact. Methods take turns on each request, so load hits all alike."""
+def time_methods(model, requests: list[Task], methods, *, on_request=None, forward_time: bool = False) -> dict[str, dict]:
+    """One run over `requests`: per method and request, its seconds, time to first token and
+    tokens (and seconds inside the forward with forward_time); summed forward passes; whether
+    every output was exact. Methods take turns on each request, so load hits all alike."""
     options = {name: make() for name, make in methods}  # one drafter per method for all the requests
-    totals = {name: dict(request_seconds=[], tokens=0, forwards=0, exact=True) for name, _ in methods}
+    totals = {name: dict(request_seconds=[], request_first_token_s=[], request_forward_s=[], request_tokens=[], tokens=0, forwards=0, exact=True)
+              for name, _ in methods}
     for task in requests:
         expected = None if task.reference is None else task.prompt + task.reference
         for name, _ in methods:
-            out, seconds, forwards = _generate(model, task, options[name])
+            out, timing = generate_task(model, task, options[name], forward_time=forward_time)
             expected = out if expected is None else expected  # no reference: the first method's (greedy) output
             t = totals[name]
-            t["request_seconds"].append(seconds)
+            t["request_seconds"].append(timing.seconds)
+            t["request_first_token_s"].append(timing.first_token_s)
+            t["request_forward_s"].append(timing.forward_s)
+            t["request_tokens"].append(len(out) - len(task.prompt))
             t["tokens"] += len(out) - len(task.prompt)
-            t["forwards"] += forwards
+            t["forwards"] += timing.forwards
             t["exact"] &= out == expected
         if on_request is not None:
             on_request(1)
     return totals
 
 
-def _generate(model, task: Task, options: dict) -> tuple[list[int], float, int]:
-    """One generate() call, timed whole (prefill included); the output ids, its seconds and forward passes."""
+def generate_task(model, task: Task, options: dict, *, forward_time: bool = False) -> tuple[list[int], Timing]:
+    """One generate() call of a batch-of-one task, timed (timing.timed_generate), forced in the
+    forward to its reference if it has one; the output ids (prompt included) and the timing."""
     input_ids = torch.tensor([task.prompt], device=model.device)
     kwargs = dict(max_new_tokens=task.max_new_tokens, do_sample=False, **options)
-    if task.reference is not None:
-        kwargs["logits_processor"] = LogitsProcessorList([wl.FollowReference(len(task.prompt), task.reference)])
     if task.eos_token_id is not None:
         kwargs["eos_token_id"] = task.eos_token_id
     kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
-    out, seconds, forwards = timed_generate(model, input_ids, kwargs)
-    return out[0].tolist(), seconds, forwards
-
-
-def timed_generate(model, input_ids: torch.Tensor, kwargs: dict) -> tuple[torch.Tensor, float, int]:
-    """model.generate(input_ids, **kwargs), its wall time (the device synchronised either side) and the
-    target's forward passes."""
-    forwards = [0]
-    hook = model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-    try:
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(input_ids, **kwargs)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
-    finally:
-        hook.remove()
-    return out, seconds, forwards[0]
+    with force_reference(model, len(task.prompt), task.reference) if task.reference is not None else nullcontext():
+        out, timing = timed_generate(model, input_ids, kwargs, forward_time=forward_time)
+    return out[0].tolist(), timing
 
 
 def _summary(per_run: list[dict[str, dict]], method: str) -> dict:
-    """A method's row over the runs: tokens/s and its ratios to greedy and to PLD k=16 from
-    each request's fastest run (another process on the machine only ever adds time, and the
-    methods take turns, so each has the same chance of a quiet run); with several runs, also
-    the min and max of the ratios taken within one run."""
-    def speed(runs, name):
-        fastest = np.min([t[name]["request_seconds"] for t in runs], axis=0)  # per request, over the runs
-        return runs[0][name]["tokens"] / float(fastest.sum())
+    """A method's row over the runs, from each request's fastest run (another process on the
+    machine only ever adds time, and the methods take turns, so each has the same chance of a
+    quiet run): tokens/s, mean time to first token, time per output token after it, and their
+    ratios to greedy and to PLD k=16; with several runs, also the min and max of the ratios
+    taken within one run. Ratios are speed ratios: above 1 is faster than the other method.
 
-    ratios = lambda runs: {"speedup": speed(runs, method) / speed(runs, "greedy"), "vs_pld": speed(runs, method) / speed(runs, PLD)}  # noqa: E731
+    ttft_ms * requests + tpot_ms * (tokens - requests) == seconds * 1000 (the times unrounded).
+    """
+    def fastest(runs, name):  # summed (seconds, seconds to first token) of each request's fastest run
+        seconds = np.array([t[name]["request_seconds"] for t in runs])  # (runs, requests)
+        first = np.array([t[name]["request_first_token_s"] for t in runs])
+        pick = seconds.argmin(axis=0), np.arange(seconds.shape[1])
+        return float(seconds[pick].sum()), float(first[pick].sum())
+
+    def rates(runs, name):  # (tokens per second, tokens after the first per second of decoding)
+        seconds, first = fastest(runs, name)
+        tokens, requests = runs[0][name]["tokens"], len(runs[0][name]["request_seconds"])
+        return tokens / seconds, ((tokens - requests) / (seconds - first) if tokens > requests else None)
+
+    def ratios(runs):
+        (wall, decode), (g_wall, g_decode), (p_wall, p_decode) = rates(runs, method), rates(runs, "greedy"), rates(runs, PLD)
+        both = decode is not None and g_decode is not None and p_decode is not None
+        return {"speedup": wall / g_wall, "vs_pld": wall / p_wall,
+                "decode_speedup": decode / g_decode if both else None, "decode_vs_pld": decode / p_decode if both else None}
+
+    seconds, first = fastest(per_run, method)
+    tokens, requests = per_run[0][method]["tokens"], len(per_run[0][method]["request_seconds"])
     tau = [t[method]["tokens"] / t[method]["forwards"] for t in per_run]
-    row = dict(tokens_per_s=round(speed(per_run, method), 2), **{k: round(v, 3) for k, v in ratios(per_run).items()},
-               tau=round(float(np.median(tau)), 3), exact=all(t[method]["exact"] for t in per_run), tokens=per_run[0][method]["tokens"])
+    rounded = lambda v: None if v is None else round(v, 3)  # noqa: E731
+    row = dict(tokens_per_s=round(tokens / seconds, 2), **{k: rounded(v) for k, v in ratios(per_run).items()},
+               tau=round(float(np.median(tau)), 3), exact=all(t[method]["exact"] for t in per_run), tokens=tokens, requests=requests,
+               seconds=seconds, ttft_ms=first / requests * 1e3,
+               tpot_ms=(seconds - first) / (tokens - requests) * 1e3 if tokens > requests else None)
     if len(per_run) > 1:
         each = [ratios([t]) for t in per_run]
-        for key in ("speedup", "vs_pld"):
-            row[f"{key}_min"], row[f"{key}_max"] = round(min(r[key] for r in each), 3), round(max(r[key] for r in each), 3)
+        for key in ("speedup", "vs_pld", "decode_speedup", "decode_vs_pld"):
+            values = [r[key] for r in each if r[key] is not None]
+            row[f"{key}_min"], row[f"{key}_max"] = (round(min(values), 3), round(max(values), 3)) if values else (None, None)
     return row
 
 

@@ -2,9 +2,14 @@
 
 - `Task`: one request (prompt, the output the model is forced to write, its EOS);
 - `read_traces`, `forced_trace_task`: trace files (replay.load_trace) as tasks;
-- `build_model`, `describe`, `parse_dtypes`: the random-weight model of a given shape.
+- `build_model`, `describe`, `parse_dtypes`: the random-weight model of a given shape;
+- `force_reference`: forcing in the forward. The model's logits at each position are lifted
+  so the reference's next token is the argmax there; nothing is made impossible and no
+  logits processor is passed, so every method's loop (transformers' prompt lookup filters
+  its candidates through the processors) runs as it does for a user.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +105,46 @@ def describe(model, name: str | None = None) -> str:
         return name
     params = sum(p.numel() for p in model.parameters())
     return f"random {type(model).__name__} ({params / 1e6:.0f}M parameters, vocab {model.config.vocab_size}), forced to the references"
+
+
+@contextmanager
+def force_reference(model, prompt_len: int, reference: list[int]):
+    """Within the block, a batch-of-one forward at absolute position p (its position_ids, or
+    the cache's length + offset) makes reference[p + 1 - prompt_len] the argmax of its logits.
+
+    Positions follow tree depth where the caller passes position_ids, so every node on the
+    accepted path (whose tokens equal the reference up to it) is forced right; nodes off it
+    are never accepted, whatever they predict. The lift is top + |top|/32 + 1, strictly above
+    every other logit in bfloat16 too (8 bits of mantissa). No host sync: a few tensor ops per forward.
+    """
+    target = torch.tensor(reference, dtype=torch.long, device=model.device)  # (n,)
+    n = target.shape[0]
+    positions = []  # [the positions of the forward in flight, (1, L)]
+
+    def before(module, args, kwargs):
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        if ids.shape[0] != 1:
+            raise ValueError(f"force_reference forces a batch of one; the forward got {ids.shape[0]} rows")
+        given = kwargs.get("position_ids")
+        if given is None:
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            past = cache.get_seq_length() if cache is not None else 0
+            given = torch.arange(past, past + ids.shape[1], device=ids.device)[None]
+        positions[:] = [given]
+
+    def after(module, args, kwargs, output):
+        logits = output.logits[0]  # (K, vocab): the last K positions of the input
+        t = positions[0][0, -logits.shape[0] :] + 1 - prompt_len  # (K,) index in reference of the token each row predicts
+        valid = (t >= 0) & (t < n)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        tokens = target[t.clamp(0, n - 1)]
+        top = logits.max(-1).values
+        logits[rows, tokens] = torch.where(valid, top + top.abs() / 32 + 1, logits[rows, tokens])
+        return output
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after, with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
