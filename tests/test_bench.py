@@ -259,3 +259,39 @@ def test_methods_option_selects_and_refuses(tiny, tmp_path, capsys):
     assert "--methods: no method 'nope'" in capsys.readouterr().err
     assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--methods", "greedy,lookahead.generate"]) == 2
     assert "--methods must name greedy and" in capsys.readouterr().err
+
+
+def test_loop_overhead_rows_add_up_and_the_compact_vocabulary_keeps_every_step(tmp_path, capsys):
+    from lookahead.bench import loop_overhead
+    from lookahead.bench.replay import Request, replay_hf
+
+    a, b = write_traces(tmp_path, "a.jsonl", requests=2), write_traces(tmp_path, "b.jsonl", requests=1, seed=1)
+    code, out, _ = run_json(capsys, "--loop-overhead", "--traces", str(a), str(b), "--max-new-tokens", "30", "--repeats", "2")
+    assert code == 0
+    rows = out["results"]
+    assert [(r["file"], r["method"]) for r in rows] == [(f, m) for f in ("a.jsonl", "b.jsonl") for m in CORE]
+    tasks = {name: [traces.forced_trace_task(r, 30) for r in loaded] for name, loaded in traces.read_traces([a, b], 3, None).items()}
+    distinct = {i for requests in tasks.values() for t in requests for i in t.prompt + t.reference + [t.eos_token_id]}  # 49, beyond the cut, too
+    assert out["vocab"] == len(distinct)
+    for r in rows:
+        assert r["exact"], r
+        assert r["forward_s"] + r["outside_us_per_step"] * r["forwards"] / 1e6 == pytest.approx(r["seconds"])
+        assert r["outside_us_per_token"] * r["tokens"] == pytest.approx(r["outside_us_per_step"] * r["forwards"])
+        assert r["tau"] == round(r["tokens"] / r["forwards"], 3)
+    by = {(r["file"], r["method"]): r for r in rows}
+    assert by["a.jsonl", "greedy"]["x_greedy"] == 1.0 and by["a.jsonl", e2e.PLD]["x_pld"] == 1.0
+    assert by["a.jsonl", "greedy"]["forwards"] == by["a.jsonl", "greedy"]["tokens"] == 60
+    # the ids mapped one to one: prompt lookup takes the same steps as at the traces' own ids
+    compact, vocab = loop_overhead.compact_vocabulary(tasks)
+    assert vocab == len(distinct) and compact["a.jsonl"][0].eos_token_id == vocab - 1  # 49, the largest id, maps to the last
+    as_requests = lambda ts: [Request(np.array(t.prompt), np.array(t.reference), None) for t in ts]  # noqa: E731
+    assert replay_hf(as_requests(compact["a.jsonl"]), num_draft_tokens=16, ngram=3)["steps"] == \
+        replay_hf(as_requests(tasks["a.jsonl"]), num_draft_tokens=16, ngram=3)["steps"] == by["a.jsonl", e2e.PLD]["forwards"]
+
+
+def test_one_bench_mode_at_a_time(tmp_path, capsys):
+    path = write_traces(tmp_path)
+    assert main(["bench", "--loop-overhead", "--batch", "1", "--traces", str(path)]) == 2
+    assert "--batch and --loop-overhead: one bench mode at a time" in capsys.readouterr().err
+    assert main(["bench", "--loop-overhead", "--model", "x"]) == 2
+    assert "--loop-overhead runs the forced model on trace requests" in capsys.readouterr().err

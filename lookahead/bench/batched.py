@@ -9,7 +9,6 @@ plain batched greedy token for token. Both dtypes by default, as `--traces`.
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -21,9 +20,8 @@ from lookahead.bench import traces
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table
 from lookahead.bench.timing import Timing, timed_generate
-from lookahead.bench.traces import Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces
+from lookahead.bench.traces import SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces
 
-SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
 
 

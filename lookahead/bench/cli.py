@@ -72,6 +72,9 @@ def add_bench_arguments(parser) -> None:
                              "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants)")
     parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
     parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
+    parser.add_argument("--loop-overhead", action="store_true",
+                        help="each method's seconds outside the forward per verify step, on a 1-layer model over trace requests "
+                             "(--traces, default ../shared/traces; skipped where absent)")
     parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
@@ -92,12 +95,18 @@ def run_bench(args) -> int:
     if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, e2e
+    from lookahead.bench import batched, e2e, loop_overhead
 
+    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--overhead", args.overhead),
+                                   ("--documents", args.documents)) if on]
+    if len(modes) > 1:
+        raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
+    if modes and modes[0] in ("--batch", "--loop-overhead") and (args.model or args.prompts):
+        raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     if args.batch is not None:
-        if args.model or args.prompts or args.overhead or args.documents:
-            raise ValueError("--batch runs the forced model on trace requests: it does not take --model, --prompts, --overhead or --documents")
         return batched.run_batch_bench(args)
+    if args.loop_overhead:
+        return loop_overhead.run_loop_overhead(args)
     return e2e.run_bench(args)
 
 

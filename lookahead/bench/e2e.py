@@ -199,8 +199,10 @@ def select_methods(spec: str | None, *, variants: bool = False) -> list[tuple[st
     return [(name, known[name]) for name in dict.fromkeys(names)]
 
 
-def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 1, label: str = "workload") -> list[dict]:
-    """Times every method on every workload's requests, `repeats` times; one row per (workload, method).
+def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 1, label: str = "workload", forward_time: bool = False,
+                summary=None) -> list[dict]:
+    """Times every method on every workload's requests, `repeats` times; one row per (workload,
+    method), from summary(runs, method) (default: wall clock, TTFT and TPOT, _summary).
 
     Before timing: the engine's one-time cost calibration (lookahead.verify_costs) and one
     short untimed call per method (kernels compiled or loaded, torch paths warmed), kept out
@@ -218,11 +220,11 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
         for repeat in range(repeats):
             for name, requests in tasks.items():
                 bar.set_description(f"{dtype} {name}" + (f" run {repeat + 1}/{repeats}" if repeats > 1 else ""))
-                runs[name].append(time_methods(model, requests, methods, on_request=bar.update))
+                runs[name].append(time_methods(model, requests, methods, on_request=bar.update, forward_time=forward_time))
     rows = []
     for name, per_run in runs.items():
         for method, _ in methods:
-            rows.append({label: name, "dtype": dtype, "method": method, **_summary(per_run, method)})
+            rows.append({label: name, "dtype": dtype, "method": method, **(summary or _summary)(per_run, method)})
     return rows
 
 
@@ -231,7 +233,7 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None, forwa
     tokens (and seconds inside the forward with forward_time); summed forward passes; whether
     every output was exact. Methods take turns on each request, so load hits all alike."""
     options = {name: make() for name, make in methods}  # one drafter per method for all the requests
-    totals = {name: dict(request_seconds=[], request_first_token_s=[], request_forward_s=[], request_tokens=[], tokens=0, forwards=0, exact=True)
+    totals = {name: dict(request_seconds=[], request_first_token_s=[], request_forward_s=[], request_forwards=[], request_tokens=[], tokens=0, forwards=0, exact=True)
               for name, _ in methods}
     for task in requests:
         expected = None if task.reference is None else task.prompt + task.reference
@@ -242,6 +244,7 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None, forwa
             t["request_seconds"].append(timing.seconds)
             t["request_first_token_s"].append(timing.first_token_s)
             t["request_forward_s"].append(timing.forward_s)
+            t["request_forwards"].append(timing.forwards)
             t["request_tokens"].append(len(out) - len(task.prompt))
             t["tokens"] += len(out) - len(task.prompt)
             t["forwards"] += timing.forwards

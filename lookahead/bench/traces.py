@@ -18,6 +18,7 @@ import transformers
 
 from lookahead.bench.replay import load_trace
 
+SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 # A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
 DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
 # --quick: a 60M-parameter shape, so prefilling a 1,200-token file takes a second, not twelve.
