@@ -295,3 +295,37 @@ def test_one_bench_mode_at_a_time(tmp_path, capsys):
     assert "--batch and --loop-overhead: one bench mode at a time" in capsys.readouterr().err
     assert main(["bench", "--loop-overhead", "--model", "x"]) == 2
     assert "--loop-overhead runs the forced model on trace requests" in capsys.readouterr().err
+
+
+def test_long_context_material_is_other_requests_cut_to_the_size():
+    from lookahead.bench import long_context
+    from lookahead.bench.replay import Request
+
+    per_file = {"a": [Request(np.array([1, 2]), np.array([3]), None), Request(np.array([4, 5]), np.array([6]), None)],
+                "b": [Request(np.array([7]), np.array([8]), None), Request(np.array([9]), np.array([10, 11]), None),
+                      Request(np.array([12]), np.array([13]), None)]}
+    pool = long_context.material_pool(per_file, skip=1)  # the timed first request of each file is never material
+    assert pool == [[4, 5, 6], [9, 10, 11], [12, 13]]
+    assert long_context.material(pool, 5) == [[4, 5, 6], [9, 10]]
+    assert long_context.material(pool, 0) == []
+    with pytest.raises(ValueError, match="--context 9 needs 9 tokens"):
+        long_context.material(pool, 9)
+    with_docs = dict(long_context.context_methods([[4, 5, 6], [9, 10]]))
+    assert len(with_docs["lookahead.generate"]()["assistant"].documents) == 2
+    assert len(with_docs["lookahead assistant_model"]()["assistant_model"].documents) == 2
+    assert with_docs["greedy"]() == {} and "assistant_model" not in with_docs[e2e.PLD]()
+
+
+def test_long_context_rows_per_context_and_variant(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=4)
+    code, out, _ = run_json(capsys, "--context", "0,100", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32",
+                            "--requests", "2", "--max-new-tokens", "20", "--shape", "0.5b")
+    assert code == 0
+    rows = out["results"]
+    assert [(r["context"], r["variant"], r["method"]) for r in rows] == [
+        (c, v, m) for c, variants in ((0, ["prompt"]), (100, ["prompt", "documents"])) for v in variants for m in CORE]
+    for r in rows:
+        assert r["exact"] and r["tokens"] == 2 * 20 and r["requests"] == 2, r
+        assert r["ttft_ms"] * r["requests"] + r["tpot_ms"] * (r["tokens"] - r["requests"]) == pytest.approx(r["seconds"] * 1e3)
+    assert main(["bench", "--context", "0,-1", "--traces", str(path)]) == 2
+    assert "--context takes a comma list" in capsys.readouterr().err

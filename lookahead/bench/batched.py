@@ -16,11 +16,12 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 import lookahead
 from lookahead import LookupDrafter
-from lookahead.bench import traces
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table
 from lookahead.bench.timing import Timing, timed_generate
-from lookahead.bench.traces import SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces
+from lookahead.bench.traces import (
+    SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces, shape_for,
+)
 
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
 
@@ -67,7 +68,7 @@ def run_batch_bench(args) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, described = [], None
     for dtype in parse_dtypes(args.dtype, device=device, traces=True):
-        model = build_model(shape=traces.QUICK_SHAPE if args.quick else traces.DEFAULT_SHAPE, vocab=vocab, dtype=dtype, device=device)
+        model = build_model(shape=shape_for(args), vocab=vocab, dtype=dtype, device=device)
         described = described or describe(model)
         rows += bench_batches(model, tasks, sizes, repeats=args.repeats)
         del model

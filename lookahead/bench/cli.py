@@ -70,6 +70,13 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--methods", default=None,
                         help="a comma list of the methods to time, by the names the table prints (greedy and "
                              "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants)")
+    parser.add_argument("--shape", choices=["0.5b", "quick", "8b"], default=None,
+                        help="the forced model's shape: Qwen2-0.5B's (the default), a 60M one (as --quick) or Llama-3.1-8B's (for a GPU); "
+                             "--context defaults to quick")
+    parser.add_argument("--context", default=None,
+                        help="long prompts: a comma list of context sizes in tokens, e.g. 8192,16384,32768; other trace requests' "
+                             "prompts and outputs that long are prepended to each prompt, or given to our drafters as documents "
+                             "(--traces, default ../shared/traces; skipped where absent)")
     parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
     parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
     parser.add_argument("--loop-overhead", action="store_true",
@@ -95,18 +102,20 @@ def run_bench(args) -> int:
     if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, e2e, loop_overhead
+    from lookahead.bench import batched, e2e, long_context, loop_overhead
 
-    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--overhead", args.overhead),
-                                   ("--documents", args.documents)) if on]
+    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--context", args.context is not None),
+                                   ("--overhead", args.overhead), ("--documents", args.documents)) if on]
     if len(modes) > 1:
         raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
-    if modes and modes[0] in ("--batch", "--loop-overhead") and (args.model or args.prompts):
+    if modes and modes[0] in ("--batch", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     if args.batch is not None:
         return batched.run_batch_bench(args)
     if args.loop_overhead:
         return loop_overhead.run_loop_overhead(args)
+    if args.context is not None:
+        return long_context.run_long_context(args)
     return e2e.run_bench(args)
 
 

@@ -26,12 +26,13 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 import lookahead
 from lookahead import DocumentLibrary, LookupDrafter
-from lookahead.bench import traces
 from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, Request, replay_lookahead
 from lookahead.bench.tables import format_table
 from lookahead.bench.timing import Timing, timed_generate
-from lookahead.bench.traces import Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces
+from lookahead.bench.traces import (
+    Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
+)
 
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
@@ -135,10 +136,10 @@ def _ms(value: float | None) -> str:
 
 
 def model_for(args, dtype: torch.dtype, device: str, vocab: int | None):
-    """The model timed: --model's, or random weights with DEFAULT_SHAPE (QUICK_SHAPE with --quick) at `vocab`."""
+    """The model timed: --model's, or random weights of traces.shape_for(args) at `vocab`."""
     if args.model:
         return load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).to(device).eval()
-    return build_model(shape=traces.QUICK_SHAPE if args.quick else traces.DEFAULT_SHAPE, vocab=vocab, dtype=dtype, device=device)
+    return build_model(shape=shape_for(args), vocab=vocab, dtype=dtype, device=device)
 
 
 def _read_prompt(path: Path, line_no: int, line: str) -> str:

@@ -25,7 +25,7 @@ DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=
 QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
 # An 8B-class decoder (Llama-3.1-8B's shape, which wrote ../shared/traces); for a GPU.
 SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)
-SHAPES = {"0.5b": DEFAULT_SHAPE, "quick": QUICK_SHAPE, "8b": SHAPE_8B}
+SHAPE_NAMES = ("0.5b", "quick", "8b")  # --shape: DEFAULT_SHAPE, QUICK_SHAPE, SHAPE_8B
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,20 @@ def load_model(auto_class, name: str, **kwargs):
         raise ValueError(f"--model {name}: cannot load it ({reason})") from None
 
 
+def shape_for(args, default: str = "0.5b") -> dict:
+    """The forced model's shape: --shape's, else QUICK_SHAPE with --quick, else `default`'s (read at call time)."""
+    name = getattr(args, "shape", None) or ("quick" if args.quick else default)
+    if name not in SHAPE_NAMES:
+        raise ValueError(f"--shape takes one of {', '.join(SHAPE_NAMES)}, got {name!r}")
+    return {"0.5b": DEFAULT_SHAPE, "quick": QUICK_SHAPE, "8b": SHAPE_8B}[name]
+
+
 def build_model(*, shape: dict, vocab: int, dtype: torch.dtype, device: str):
     """Random weights (seed 0) of a Qwen2 decoder of `shape` at `vocab`, tied embeddings, in eval mode."""
     torch.manual_seed(0)
     config = transformers.Qwen2Config(vocab_size=vocab, tie_word_embeddings=True, **shape)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    with torch.device(device):  # initialised where it runs: an 8B shape's random init on a CPU takes minutes
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
 def describe(model, name: str | None = None) -> str:
