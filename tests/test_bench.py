@@ -329,3 +329,30 @@ def test_long_context_rows_per_context_and_variant(tiny, tmp_path, capsys):
         assert r["ttft_ms"] * r["requests"] + r["tpot_ms"] * (r["tokens"] - r["requests"]) == pytest.approx(r["seconds"] * 1e3)
     assert main(["bench", "--context", "0,-1", "--traces", str(path)]) == 2
     assert "--context takes a comma list" in capsys.readouterr().err
+
+
+def test_gpu_script_dry_run_runs_every_step_and_writes_its_outputs(tmp_path):
+    # benchmarks/gpu.sh as the device runs it, at a toy shape on this machine's CPU.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [write_traces(tmp_path, f"{name}.jsonl", requests=3, seed=i) for i, name in enumerate(("a", "b"))]
+    out = tmp_path / "out"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home())}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh"), "--dry-run", "--out", str(out), "--traces", *map(str, files),
+                           "--vocab-size", str(VOCAB)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    names = ["trace bench, 0.5B shape", "trace bench, 8B shape", "batch bench, 8B shape", "loop overhead", "long context, 0.5B shape"]
+    assert list(results) == ["environment", *names] and results["environment"]["dry_run"] is True
+    for name in names:
+        rows = results[name]["results"]
+        assert rows and all(r["exact"] for r in rows), name
+    methods = {r["method"] for r in results["trace bench, 0.5B shape"]["results"]}
+    assert methods == {"greedy", "hf prompt lookup k=10", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate",
+                       "lookahead.generate tree"}
+    assert {r["batch"] for r in results["batch bench, 8B shape"]["results"]} == {1, 2}
+    tables = (out / "tables.md").read_text()
+    assert all(f"## {name}" in tables for name in names) and tables.count("| exact |") == len(names)

@@ -7,7 +7,6 @@ batch; each method runs the batch once, timed whole (prefill included); ours mus
 plain batched greedy token for token. Both dtypes by default, as `--traces`.
 """
 
-import json
 import sys
 
 import torch
@@ -17,7 +16,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 import lookahead
 from lookahead import LookupDrafter
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
-from lookahead.bench.tables import format_table
+from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
     SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces, shape_for,
@@ -72,10 +71,8 @@ def run_batch_bench(args) -> int:
         described = described or describe(model)
         rows += bench_batches(model, tasks, sizes, repeats=args.repeats)
         del model
-    if args.json:
-        print(json.dumps({"device": device, "model": described, "batch_sizes": sizes, "max_new_tokens": max_new,
-                          "prompt_tokens": prompt_tokens, "results": rows}))
-    else:
+    if not json_report(args, {"device": device, "model": described, "batch_sizes": sizes, "max_new_tokens": max_new,
+                              "prompt_tokens": prompt_tokens, "results": rows}):
         print(f"model: {described}, {device}; one batch per size of the first requests of {', '.join(p.name for p in paths)} "
               f"in turn, prompts cut to their last {prompt_tokens} tokens, at most {max_new} new tokens each")
         print("tokens/s: generated tokens of all rows / wall time of the whole generate() call (prefill included); "

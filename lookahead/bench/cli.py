@@ -70,8 +70,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--methods", default=None,
                         help="a comma list of the methods to time, by the names the table prints (greedy and "
                              "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants)")
-    parser.add_argument("--shape", choices=["0.5b", "quick", "8b"], default=None,
-                        help="the forced model's shape: Qwen2-0.5B's (the default), a 60M one (as --quick) or Llama-3.1-8B's (for a GPU); "
+    parser.add_argument("--shape", choices=["0.5b", "quick", "8b", "tiny"], default=None,
+                        help="the forced model's shape: Qwen2-0.5B's (the default), a 60M one (as --quick), Llama-3.1-8B's (for a GPU) "
+                             "or a 1-layer toy (dry runs); "
                              "--context defaults to quick")
     parser.add_argument("--context", default=None,
                         help="long prompts: a comma list of context sizes in tokens, e.g. 8192,16384,32768; other trace requests' "
@@ -88,6 +89,7 @@ def add_bench_arguments(parser) -> None:
                              "requests per size (--traces, default ../shared/traces; skipped where absent)")
     parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write that JSON object to this file (the table still printed)")
     parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
 
 

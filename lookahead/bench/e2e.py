@@ -28,7 +28,7 @@ import lookahead
 from lookahead import DocumentLibrary, LookupDrafter
 from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, Request, replay_lookahead
-from lookahead.bench.tables import format_table
+from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
     Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
@@ -44,16 +44,12 @@ def run_bench(args) -> int:
         _import_pyplot()  # up front, not after the whole benchmark has run
     if args.overhead:
         rows = measure_overhead(quick=args.quick)
-        if args.json:
-            print(json.dumps({"overhead": rows}))
-        else:
+        if not json_report(args, {"overhead": rows}):
             print(format_table(["context", "drafter", "us/step", "bytes/token"], [[r["context"], r["drafter"], r["us_per_step"], r["bytes_per_token"]] for r in rows]))
         return 0
     if args.documents:
         rows = measure_documents(quick=args.quick)
-        if args.json:
-            print(json.dumps({"documents": rows}))
-        else:
+        if not json_report(args, {"documents": rows}):
             print(format_table(
                 ["documents", "mode", "tau", "one-time s", "setup ms/request", "us/step", "index MB"],
                 [[r["library_docs"], r["mode"], f"{r['tau']:.3f}", f"{r['one_time_s']:.2f}", f"{r['setup_ms_per_request']:.2f}", f"{r['us_per_step']:.1f}", f"{r['index_mb']:.1f}"] for r in rows],
@@ -72,10 +68,8 @@ def run_bench(args) -> int:
         described = described or describe(model, args.model)
         rows += bench_model(model, tasks, chosen, repeats=args.repeats, label=label)
         del model
-    if args.json:
-        print(json.dumps({"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                          "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}))
-    else:
+    if not json_report(args, {"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                              "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}):
         print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
               "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "

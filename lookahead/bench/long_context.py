@@ -14,7 +14,6 @@ so what the material changes is drafting and its cost, never what is written. Co
 plain traces bench (one variant).
 """
 
-import json
 import sys
 
 import numpy as np
@@ -24,7 +23,7 @@ import lookahead
 from lookahead import DocumentLibrary, LookupDrafter
 from lookahead.bench.e2e import PLD, bench_model, methods, spread
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
-from lookahead.bench.tables import format_table
+from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.traces import SHARED_TRACES, Task, build_model, describe, forced_trace_task, parse_dtypes, read_traces, shape_for
 
 VARIANTS = ("prompt", "documents")
@@ -105,10 +104,8 @@ def run_long_context(args) -> int:
                     del row["workload"]
                     rows.append(dict(context=context, variant=variant, **row))
         del model
-    if args.json:
-        print(json.dumps({"device": device, "model": described, "contexts": contexts, "requests": len(timed),
-                          "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}))
-    else:
+    if not json_report(args, {"device": device, "model": described, "contexts": contexts, "requests": len(timed),
+                              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}):
         print(f"model: {described}, {device}; the first {args.requests} request(s) of {', '.join(p.name for p in paths)}, at most "
               f"{args.max_new_tokens} new tokens each; context: tokens of other requests' prompts and outputs, prepended to the prompt "
               "(prompt) or given to our drafters as documents (documents: the prompt as recorded)")

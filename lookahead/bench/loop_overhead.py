@@ -13,14 +13,13 @@ method's steps are those at the real vocabulary. The work outside the forward th
 with the vocabulary (argmax over logits, copies of them, processors) is priced at U.
 """
 
-import json
 import sys
 
 import numpy as np
 import torch
 
 from lookahead.bench.e2e import PLD, bench_model, select_methods
-from lookahead.bench.tables import format_table
+from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.traces import SHARED_TRACES, Task, build_model, forced_trace_task, parse_dtypes, read_traces
 
 # Forward well under a millisecond on one CPU thread: 1 layer, hidden 64.
@@ -39,10 +38,8 @@ def run_loop_overhead(args) -> int:
         raise ValueError(f"--loop-overhead takes one --dtype, got {args.dtype!r}")
     rows, vocab = loop_overhead(paths, requests=args.requests, max_new_tokens=args.max_new_tokens, dtype=dtype, device=device,
                                 repeats=args.repeats, methods_spec=args.methods)
-    if args.json:
-        print(json.dumps({"device": device, "shape": OVERHEAD_SHAPE, "vocab": vocab, "requests": args.requests,
-                          "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}))
-    else:
+    if not json_report(args, {"device": device, "shape": OVERHEAD_SHAPE, "vocab": vocab, "requests": args.requests,
+                              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}):
         print(f"model: 1-layer random Qwen2 (hidden {OVERHEAD_SHAPE['hidden_size']}), the traces' ids mapped onto a vocabulary of {vocab}, "
               f"{str(dtype).removeprefix('torch.')}, {device}; {args.requests} request(s) per file, at most {args.max_new_tokens} new tokens each")
         print("outside: wall clock minus the time inside the target's forward passes (each timed in hooks"

@@ -25,7 +25,9 @@ DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=
 QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
 # An 8B-class decoder (Llama-3.1-8B's shape, which wrote ../shared/traces); for a GPU.
 SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)
-SHAPE_NAMES = ("0.5b", "quick", "8b")  # --shape: DEFAULT_SHAPE, QUICK_SHAPE, SHAPE_8B
+# Tests and the GPU script's dry run: a forward of microseconds.
+TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+SHAPE_NAMES = ("0.5b", "quick", "8b", "tiny")  # --shape: DEFAULT_SHAPE, QUICK_SHAPE, SHAPE_8B, TINY_SHAPE
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def shape_for(args, default: str = "0.5b") -> dict:
     name = getattr(args, "shape", None) or ("quick" if args.quick else default)
     if name not in SHAPE_NAMES:
         raise ValueError(f"--shape takes one of {', '.join(SHAPE_NAMES)}, got {name!r}")
-    return {"0.5b": DEFAULT_SHAPE, "quick": QUICK_SHAPE, "8b": SHAPE_8B}[name]
+    return {"0.5b": DEFAULT_SHAPE, "quick": QUICK_SHAPE, "8b": SHAPE_8B, "tiny": TINY_SHAPE}[name]
 
 
 def build_model(*, shape: dict, vocab: int, dtype: torch.dtype, device: str):
