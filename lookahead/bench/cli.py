@@ -103,15 +103,15 @@ def run_bench(args) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
-    # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, e2e, long_context, loop_overhead
-
     modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--context", args.context is not None),
                                    ("--overhead", args.overhead), ("--documents", args.documents)) if on]
     if len(modes) > 1:
         raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
     if modes and modes[0] in ("--batch", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
+    # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
+    from lookahead.bench import batched, e2e, long_context, loop_overhead
+
     if args.batch is not None:
         return batched.run_batch_bench(args)
     if args.loop_overhead:

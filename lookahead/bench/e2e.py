@@ -3,11 +3,13 @@
 Methods (`methods`): plain greedy, transformers' prompt lookup (k=16, ngram 3), ours through
 `assistant_model=LookupDrafter()` and through `lookahead.generate`, defaults; `--variants`
 adds more. Each takes its turn on every request (`time_methods`, the one timing loop), one
-drafter per method serving all of a workload's requests. Default model: random weights with
-a 0.5B shape, its greedy choice forced to the workload's reference (workloads.FollowReference):
-the built-in workloads, or `--traces` (recorded outputs, at the traces' real vocabulary).
-`--model` runs a real model instead. `--overhead` measures per-step drafting cost and index
-memory against context length; `--documents`, drafting from a document library.
+drafter per method serving all of a workload's requests; each request timed whole, with its
+time to first token and time per output token after it (timing.py). Default model: random
+weights with a 0.5B shape (--shape), its greedy choice forced in the forward to the workload's
+reference (traces.force_reference): the built-in workloads, or `--traces` (recorded outputs,
+at the traces' real vocabulary). `--model` runs a real model instead. `--overhead` measures
+per-step drafting cost and index memory against context length; `--documents`, drafting
+from a document library. Other modes: batched.py, loop_overhead.py, long_context.py.
 """
 
 import json

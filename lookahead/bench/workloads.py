@@ -10,10 +10,10 @@ license texts Debian ships; the tokenizer is a byte-level BPE trained on the fly
 - chat: a question about one text answered with another text not in the prompt
   (nearly nothing to copy: the low-acceptance case).
 
-`FollowReference` forces a model's greedy choice to the reference output, so a random
-model costs what a real one of its shape does (every forward pass, verification and
-drafting stays real) while acceptance follows the reference exactly as it would for a
-model that writes it.
+A random model forced to the reference (the bench: traces.force_reference, in the forward;
+the examples: `FollowReference`, a logits processor) costs what a real one of its shape does
+(every forward pass, verification and drafting stays real) while acceptance follows the
+reference exactly as it would for a model that writes it.
 """
 
 import ast
