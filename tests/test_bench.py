@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from lookahead.bench import e2e
+from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
 
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -15,7 +15,7 @@ CORE = ["greedy", "hf prompt lookup k=16", "lookahead assistant_model", "lookahe
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.setattr(e2e, "DEFAULT_SHAPE", TINY_SHAPE)
+    monkeypatch.setattr(traces, "DEFAULT_SHAPE", TINY_SHAPE)
 
 
 def write_traces(tmp_path, name="a.jsonl", requests=3, seed=0, end=49):
@@ -47,7 +47,8 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE
     ]
     for r in rows:
-        assert set(r) == {"file", "dtype", "method", "tokens_per_s", "speedup", "vs_pld", "tau", "exact", "tokens"}
+        assert set(r) == {"file", "dtype", "method", "tokens_per_s", "speedup", "vs_pld", "decode_speedup", "decode_vs_pld", "tau", "exact",
+                          "tokens", "requests", "seconds", "ttft_ms", "tpot_ms"}
         assert r["exact"], r
         assert r["tokens"] == 2 * 40  # two requests, each cut at 40 tokens (its EOS lies beyond)
         assert r["tokens_per_s"] > 0
@@ -73,9 +74,9 @@ def test_forced_trace_task_stops_at_the_first_recorded_eos():
     from lookahead.bench.replay import TraceRequest
 
     request = TraceRequest(np.array([1, 2]), np.array([5, 9, 6, 9]), None)
-    task = e2e._forced_trace_task(request, max_new_tokens=10)
+    task = traces.forced_trace_task(request, max_new_tokens=10)
     assert (task.reference, task.eos_token_id, task.max_new_tokens) == ([5, 9], 9, 2)
-    assert e2e._forced_trace_task(request, max_new_tokens=1).reference == [5]
+    assert traces.forced_trace_task(request, max_new_tokens=1).reference == [5]
 
 
 def test_repeats_report_spread_and_variants_run(tiny, tmp_path, capsys):
@@ -91,15 +92,20 @@ def test_repeats_report_spread_and_variants_run(tiny, tmp_path, capsys):
 
 
 def test_repeats_time_each_request_by_its_fastest_run():
-    def run(greedy, pld, ours):  # seconds per request; 10 tokens per request
-        return {name: dict(request_seconds=seconds, tokens=10 * len(seconds), forwards=len(seconds), exact=True)
+    def run(greedy, pld, ours):  # seconds per request; 10 tokens per request, the first after 0.1 s
+        return {name: dict(request_seconds=seconds, request_first_token_s=[0.1] * len(seconds), tokens=10 * len(seconds),
+                           forwards=len(seconds), exact=True)
                 for name, seconds in (("greedy", greedy), (e2e.PLD, pld), ("ours", ours))}
 
     # run 1 stalled ours' first request, run 2 greedy's second: neither stall counts
-    row = e2e._summary([run([1.0, 1.0], [2.0, 2.0], [9.0, 0.5]), run([1.0, 7.0], [2.0, 2.0], [0.5, 0.5])], "ours")
+    row = e2e.wall_clock_summary([run([1.0, 1.0], [2.0, 2.0], [9.0, 0.5]), run([1.0, 7.0], [2.0, 2.0], [0.5, 0.5])], "ours")
     assert row["tokens_per_s"] == pytest.approx(20 / 1.0)
     assert row["speedup"] == pytest.approx(2.0) and row["vs_pld"] == pytest.approx(4.0)
     assert (row["speedup_min"], row["speedup_max"]) == (round(2 / 9.5, 3), 8.0)  # the runs' own ratios
+    # decoding: 18 tokens after the first in 1.0 - 0.2 s (ours), 2.0 - 0.2 (greedy), 4.0 - 0.2 (PLD)
+    assert row["ttft_ms"] == pytest.approx(100.0) and row["tpot_ms"] == pytest.approx(800 / 18)
+    assert row["decode_speedup"] == pytest.approx(1.8 / 0.8, abs=1e-3) and row["decode_vs_pld"] == pytest.approx(3.8 / 0.8, abs=1e-3)
+    assert row["ttft_ms"] * row["requests"] + row["tpot_ms"] * (row["tokens"] - row["requests"]) == pytest.approx(row["seconds"] * 1e3)
 
 
 def test_one_drafter_per_method_serves_all_of_a_files_requests(tiny, tmp_path, monkeypatch):
@@ -162,18 +168,25 @@ def test_batch_bench_rows_are_exact_per_batch_size_and_dtype(tiny, tmp_path, cap
                             "--repeats", "2")
     assert code == 0
     rows = out["results"]
-    methods = ["plain batched greedy", "lookahead.generate"]
+    methods = {1: ["plain batched greedy", "lookahead.generate", "hf prompt lookup k=16"], 4: ["plain batched greedy", "lookahead.generate"]}
     assert [(r["batch"], r["dtype"], r["method"]) for r in rows] == [
-        (size, d, m) for d in ("float32", "bfloat16") for size in (1, 4) for m in methods
+        (size, d, m) for d in ("float32", "bfloat16") for size in (1, 4) for m in methods[size]
     ]
     by = {(r["batch"], r["dtype"], r["method"]): r for r in rows}
     for r in rows:
         assert r["exact"], r
-        assert r["tokens"] == r["batch"] * 30  # every row cut at 30 tokens (its EOS lies beyond)
+        assert r["tokens"] == r["batch"] * 30 and r["longest_row_tokens"] == 30  # every row cut at 30 tokens (its EOS lies beyond)
+        assert 0 < r["ttft_ms"] < r["seconds"] * 1e3
+        assert r["ttft_ms"] + r["tpot_ms"] * (r["longest_row_tokens"] - 1) == pytest.approx(r["seconds"] * 1e3)
+        assert (r["vs_pld"] is None) == (r["decode_vs_pld"] is None) == (r["batch"] > 1)  # prompt lookup runs one row only
     for d in ("float32", "bfloat16"):
         for size in (1, 4):
-            assert by[size, d, "plain batched greedy"]["forwards"] == 30  # one per token, prefill included
+            plain = by[size, d, "plain batched greedy"]
+            assert plain["forwards"] == 30  # one per token, prefill included
+            assert plain["speedup"] == plain["decode_speedup"] == 1.0
             assert by[size, d, "lookahead.generate"]["forwards"] < 30  # drafts kept: the outputs copy their prompts
+        assert by[1, d, "hf prompt lookup k=16"]["vs_pld"] == by[1, d, "hf prompt lookup k=16"]["decode_vs_pld"] == 1.0
+        assert by[1, d, "hf prompt lookup k=16"]["forwards"] < 30
 
 
 def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys, monkeypatch):
@@ -186,3 +199,160 @@ def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys
     assert "--batch takes a comma list" in capsys.readouterr().err
     assert main(["bench", "--batch", "4", "--traces", str(write_traces(tmp_path)), "--vocab-size", str(VOCAB)]) == 2
     assert "needs 4 requests" in capsys.readouterr().err
+
+
+def test_traces_bench_decode_times_add_up_to_the_wall_clock(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=2)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "30")
+    assert code == 0
+    by = {r["method"]: r for r in out["results"]}
+    for r in by.values():
+        assert r["requests"] == 2 and 0 < r["ttft_ms"] * r["requests"] < r["seconds"] * 1e3
+        assert r["ttft_ms"] * r["requests"] + r["tpot_ms"] * (r["tokens"] - r["requests"]) == pytest.approx(r["seconds"] * 1e3)
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"], rel=1e-3)
+    assert by["greedy"]["decode_speedup"] == 1.0 and by[e2e.PLD]["decode_vs_pld"] == 1.0
+    ours = by["lookahead.generate"]
+    greedy_tpot = by["greedy"]["tpot_ms"]
+    assert ours["decode_speedup"] == pytest.approx(greedy_tpot / ours["tpot_ms"], abs=1e-3)
+
+
+def test_prompt_lookups_steps_in_the_bench_equal_replay_hf(tiny, tmp_path, capsys):
+    # Forcing in the forward hands transformers' prompt lookup no processor to filter its
+    # candidates with: its forward passes are exactly the model-free replay's steps.
+    from lookahead.bench.replay import TraceRequest, load_trace, replay_hf
+
+    path = write_traces(tmp_path, requests=3)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "40",
+                            "--methods", f"greedy,{e2e.PLD}")
+    assert code == 0
+    pld = next(r for r in out["results"] if r["method"] == e2e.PLD)
+    tasks = [traces.forced_trace_task(r, 40) for r in load_trace(path)]
+    replayed = replay_hf([TraceRequest(np.array(t.prompt), np.array(t.reference), None) for t in tasks], num_draft_tokens=16, ngram=3)
+    assert pld["tokens"] == replayed["tokens"]
+    assert pld["tau"] == round(replayed["tokens"] / replayed["steps"], 3)
+
+
+def test_force_reference_lifts_one_logit_per_position_and_no_other():
+    import torch
+
+    model = traces.build_model(shape=TINY_SHAPE, vocab=VOCAB, dtype=torch.float32, device="cpu")
+    prompt, reference = [3, 4, 5, 6], [7, 8, 9]
+    ids = torch.tensor([prompt + reference[:2]])
+    with torch.inference_mode():
+        plain = model(input_ids=ids).logits[0]
+        with traces.force_reference(model, len(prompt), reference):
+            forced = model(input_ids=ids).logits[0]
+    changed = (forced != plain).nonzero().tolist()
+    assert changed == [[3, 7], [4, 8], [5, 9]]  # positions 3..5 predict reference[0..2]; the prompt's first three are left alone
+    assert forced[3:].argmax(-1).tolist() == reference
+    assert torch.isfinite(forced).all()  # nothing made impossible
+
+
+def test_methods_option_selects_and_refuses(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=1)
+    code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "12",
+                            "--methods", f"greedy,{e2e.PLD},lookahead.generate tree,hf prompt lookup k=10")
+    assert code == 0
+    assert [r["method"] for r in out["results"]] == ["greedy", e2e.PLD, "lookahead.generate tree", "hf prompt lookup k=10"]
+    assert all(r["exact"] for r in out["results"])
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--methods", "greedy,nope"]) == 2
+    assert "--methods: no method 'nope'" in capsys.readouterr().err
+    assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--methods", "greedy,lookahead.generate"]) == 2
+    assert "--methods must name greedy and" in capsys.readouterr().err
+
+
+def test_loop_overhead_rows_add_up_and_the_compact_vocabulary_keeps_every_step(tmp_path, capsys):
+    from lookahead.bench import loop_overhead
+    from lookahead.bench.replay import TraceRequest, replay_hf
+
+    a, b = write_traces(tmp_path, "a.jsonl", requests=2), write_traces(tmp_path, "b.jsonl", requests=1, seed=1)
+    code, out, _ = run_json(capsys, "--loop-overhead", "--traces", str(a), str(b), "--max-new-tokens", "30", "--repeats", "2")
+    assert code == 0
+    rows = out["results"]
+    assert [(r["file"], r["method"]) for r in rows] == [(f, m) for f in ("a.jsonl", "b.jsonl") for m in CORE]
+    tasks = {name: [traces.forced_trace_task(r, 30) for r in loaded] for name, loaded in traces.read_traces([a, b], 3, None).items()}
+    distinct = {i for requests in tasks.values() for t in requests for i in t.prompt + t.reference + [t.eos_token_id]}  # 49, beyond the cut, too
+    assert out["vocab"] == len(distinct)
+    for r in rows:
+        assert r["exact"], r
+        assert r["forward_s"] + r["outside_us_per_step"] * r["forwards"] / 1e6 == pytest.approx(r["seconds"])
+        assert r["outside_us_per_token"] * r["tokens"] == pytest.approx(r["outside_us_per_step"] * r["forwards"])
+        assert r["tau"] == round(r["tokens"] / r["forwards"], 3)
+    by = {(r["file"], r["method"]): r for r in rows}
+    assert by["a.jsonl", "greedy"]["x_greedy"] == 1.0 and by["a.jsonl", e2e.PLD]["x_pld"] == 1.0
+    assert by["a.jsonl", "greedy"]["forwards"] == by["a.jsonl", "greedy"]["tokens"] == 60
+    # the ids mapped one to one: prompt lookup takes the same steps as at the traces' own ids
+    compact, vocab = loop_overhead.compact_vocabulary(tasks)
+    assert vocab == len(distinct) and compact["a.jsonl"][0].eos_token_id == vocab - 1  # 49, the largest id, maps to the last
+    as_requests = lambda ts: [TraceRequest(np.array(t.prompt), np.array(t.reference), None) for t in ts]  # noqa: E731
+    assert replay_hf(as_requests(compact["a.jsonl"]), num_draft_tokens=16, ngram=3)["steps"] == \
+        replay_hf(as_requests(tasks["a.jsonl"]), num_draft_tokens=16, ngram=3)["steps"] == by["a.jsonl", e2e.PLD]["forwards"]
+
+
+def test_one_bench_mode_at_a_time(tmp_path, capsys):
+    path = write_traces(tmp_path)
+    assert main(["bench", "--loop-overhead", "--batch", "1", "--traces", str(path)]) == 2
+    assert "--batch and --loop-overhead: one bench mode at a time" in capsys.readouterr().err
+    assert main(["bench", "--loop-overhead", "--model", "x"]) == 2
+    assert "--loop-overhead runs the forced model on trace requests" in capsys.readouterr().err
+
+
+def test_long_context_material_is_other_requests_cut_to_the_size():
+    from lookahead.bench import long_context
+    from lookahead.bench.replay import TraceRequest
+
+    per_file = {"a": [TraceRequest(np.array([1, 2]), np.array([3]), None), TraceRequest(np.array([4, 5]), np.array([6]), None)],
+                "b": [TraceRequest(np.array([7]), np.array([8]), None), TraceRequest(np.array([9]), np.array([10, 11]), None),
+                      TraceRequest(np.array([12]), np.array([13]), None)]}
+    pool = long_context.material_pool(per_file, skip=1)  # the timed first request of each file is never material
+    assert pool == [[4, 5, 6], [9, 10, 11], [12, 13]]
+    assert long_context.material(pool, 5) == [[4, 5, 6], [9, 10]]
+    assert long_context.material(pool, 0) == []
+    with pytest.raises(ValueError, match="--context 9 needs 9 tokens"):
+        long_context.material(pool, 9)
+    with_docs = dict(long_context.context_methods([[4, 5, 6], [9, 10]]))
+    assert len(with_docs["lookahead.generate"]()["assistant"].documents) == 2
+    assert len(with_docs["lookahead assistant_model"]()["assistant_model"].documents) == 2
+    assert with_docs["greedy"]() == {} and "assistant_model" not in with_docs[e2e.PLD]()
+
+
+def test_long_context_rows_per_context_and_variant(tiny, tmp_path, capsys):
+    path = write_traces(tmp_path, requests=4)
+    code, out, _ = run_json(capsys, "--context", "0,100", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32",
+                            "--requests", "2", "--max-new-tokens", "20", "--shape", "0.5b")
+    assert code == 0
+    rows = out["results"]
+    assert [(r["context"], r["variant"], r["method"]) for r in rows] == [
+        (c, v, m) for c, variants in ((0, ["prompt"]), (100, ["prompt", "documents"])) for v in variants for m in CORE]
+    for r in rows:
+        assert r["exact"] and r["tokens"] == 2 * 20 and r["requests"] == 2, r
+        assert r["ttft_ms"] * r["requests"] + r["tpot_ms"] * (r["tokens"] - r["requests"]) == pytest.approx(r["seconds"] * 1e3)
+    assert main(["bench", "--context", "0,-1", "--traces", str(path)]) == 2
+    assert "--context takes a comma list" in capsys.readouterr().err
+
+
+def test_gpu_script_dry_run_runs_every_step_and_writes_its_outputs(tmp_path):
+    # benchmarks/gpu.sh as the device runs it, at a toy shape on this machine's CPU.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [write_traces(tmp_path, f"{name}.jsonl", requests=3, seed=i) for i, name in enumerate(("a", "b"))]
+    out = tmp_path / "out"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home())}
+    done = subprocess.run(["bash", str(root / "benchmarks" / "gpu.sh"), "--dry-run", "--out", str(out), "--traces", *map(str, files),
+                           "--vocab-size", str(VOCAB)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    names = ["trace bench, 0.5B shape", "trace bench, 8B shape", "batch bench, 8B shape", "loop overhead", "long context, 0.5B shape"]
+    assert list(results) == ["environment", *names] and results["environment"]["dry_run"] is True
+    for name in names:
+        rows = results[name]["results"]
+        assert rows and all(r["exact"] for r in rows), name
+    methods = {r["method"] for r in results["trace bench, 0.5B shape"]["results"]}
+    assert methods == {"greedy", "hf prompt lookup k=10", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate",
+                       "lookahead.generate tree"}
+    assert {r["batch"] for r in results["batch bench, 8B shape"]["results"]} == {1, 2}
+    tables = (out / "tables.md").read_text()
+    assert all(f"## {name}" in tables for name in names) and tables.count("| exact |") == len(names)

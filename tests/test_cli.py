@@ -131,9 +131,9 @@ def test_bench_refuses_prompts_without_model(tmp_path, capsys):
 
 def test_bench_forced_model_is_exact_on_a_tiny_shape(monkeypatch, capsys):
     # The full pipeline (workloads, tokenizer, forced random model, all methods) on a small shape.
-    from lookahead.bench import e2e
+    from lookahead.bench import traces
 
-    monkeypatch.setattr(e2e, "DEFAULT_SHAPE", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    monkeypatch.setattr(traces, "DEFAULT_SHAPE", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
     assert main(["bench", "--requests", "1", "--max-new-tokens", "40", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert {r["workload"] for r in rows} == {"code-edit", "summarize", "chat"}
@@ -193,3 +193,14 @@ def test_bench_plot_without_matplotlib_is_refused_before_running(monkeypatch, ca
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["bench", "--quick", "--plot", "chart.png"]) == 2
     assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_replay_imports_neither_torch_nor_transformers(tmp_path):
+    # `lookahead replay` is model-free; loading torch and transformers took it from ~1 s to ~13 s on a loaded machine.
+    import subprocess
+
+    path = write_trace(tmp_path, [REPEATING])
+    code = ("import sys; from lookahead.bench.cli import main; assert main(['replay', sys.argv[1], '--json']) == 0; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"

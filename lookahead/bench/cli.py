@@ -1,11 +1,20 @@
-"""`lookahead` command line: `replay` (model-free τ from traces) and `bench` (wall clock)."""
+"""`lookahead` command line: `replay` (model-free τ from traces) and `bench` (wall clock).
+
+`replay` stays torch-free: this module imports only the drafting core at load; the bench
+modes (torch, transformers) are imported when `bench` runs.
+"""
 
 import argparse
 import json
 import sys
 from pathlib import Path
 
+from lookahead import LookupDrafter
+from lookahead.bench.replay import TRACE_VOCAB_SIZE, load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result
 from lookahead.bench.tables import format_table
+
+DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
+DEFAULT_BATCH_MAX_NEW_TOKENS = 64  # --batch without --max-new-tokens: a small default run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,26 +38,90 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--limit", type=int, default=None, help="replay the first N requests of each file")
     replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
 
-    from lookahead.bench.e2e import add_bench_arguments
-
     add_bench_arguments(commands.add_parser("bench", help="end-to-end generate() wall clock, exactness checked"))
 
     args = parser.parse_args(argv)
     try:
         if args.command == "replay":
             return run_replay(args)
-        from lookahead.bench.e2e import run_bench
-
         return run_bench(args)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"lookahead {args.command}: error: {e}", file=sys.stderr)
         return 2
 
 
-def run_replay(args) -> int:
-    from lookahead import LookupDrafter
-    from lookahead.bench.replay import load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result
+def add_bench_arguments(parser) -> None:
+    parser.add_argument("--model", default=None, help="hub name or local folder of a causal LM (default: random weights, forced)")
+    parser.add_argument("--prompts", type=Path, default=None, help="JSON lines with a 'prompt' text each (with --model)")
+    parser.add_argument("--traces", type=Path, nargs="+", default=None,
+                        help="recorded trace files (prompt/generated token ids, see lookahead/bench/replay.py) instead of built-in workloads")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help=f"vocabulary of the forced model with --traces (default {TRACE_VOCAB_SIZE}, Llama-3's); every trace id must be below it")
+    parser.add_argument("--requests", type=int, default=3, help="requests per workload: the first N of each trace file")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"most tokens per request (a trace's recorded output is cut there; default {DEFAULT_MAX_NEW_TOKENS}, "
+                             f"{DEFAULT_BATCH_MAX_NEW_TOKENS} with --batch)")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, bfloat16, auto (bfloat16 on CUDA, float32 on CPU) or a comma list, e.g. float32,bfloat16: "
+                             "one model per dtype, each timed (default: float32,bfloat16 with --traces, else auto)")
+    parser.add_argument("--repeats", type=int, default=1, help="run everything N times; report each request's fastest run, and the min-max of the runs' ratios")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time prompt lookup k=10, our chain-only and tree-only engine, and our unsized drafts")
+    parser.add_argument("--methods", default=None,
+                        help="a comma list of the methods to time, by the names the table prints (greedy and "
+                             "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants)")
+    parser.add_argument("--shape", choices=["0.5b", "quick", "8b", "tiny"], default=None,
+                        help="the forced model's shape: Qwen2-0.5B's (the default), a 60M one (as --quick), Llama-3.1-8B's (for a GPU) "
+                             "or a 1-layer toy (dry runs); "
+                             "--context defaults to quick")
+    parser.add_argument("--context", default=None,
+                        help="long prompts: a comma list of context sizes in tokens, e.g. 8192,16384,32768; other trace requests' "
+                             "prompts and outputs that long are prepended to each prompt, or given to our drafters as documents "
+                             "(--traces, default ../shared/traces; skipped where absent)")
+    parser.add_argument("--quick", action="store_true", help="1 request per workload, 128 new tokens, a 60M model")
+    parser.add_argument("--overhead", action="store_true", help="per-step drafting cost and bytes per token vs context length")
+    parser.add_argument("--loop-overhead", action="store_true",
+                        help="each method's seconds outside the forward per verify step, on a 1-layer model over trace requests "
+                             "(--traces, default ../shared/traces; skipped where absent)")
+    parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
+    parser.add_argument("--batch", default=None,
+                        help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
+                             "requests per size (--traces, default ../shared/traces; skipped where absent)")
+    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write that JSON object to this file (the table still printed)")
+    parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
 
+
+def run_bench(args) -> int:
+    """`lookahead bench`: options checked, defaults resolved, then the mode asked for."""
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_BATCH_MAX_NEW_TOKENS if args.batch is not None else DEFAULT_MAX_NEW_TOKENS
+    if args.requests < 1 or args.max_new_tokens < 1:  # before --quick sets its own
+        raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
+        raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
+    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--context", args.context is not None),
+                                   ("--overhead", args.overhead), ("--documents", args.documents)) if on]
+    if len(modes) > 1:
+        raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
+    if modes and modes[0] in ("--batch", "--loop-overhead", "--context") and (args.model or args.prompts):
+        raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
+    # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
+    from lookahead.bench import batched, e2e, long_context, loop_overhead
+
+    if args.batch is not None:
+        return batched.run_batch_bench(args)
+    if args.loop_overhead:
+        return loop_overhead.run_loop_overhead(args)
+    if args.context is not None:
+        return long_context.run_long_context(args)
+    return e2e.run_bench(args)
+
+
+def run_replay(args) -> int:
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
     if args.max_tree_nodes < 1:

@@ -22,6 +22,9 @@ from lookahead.request import Request
 from lookahead.sizing.cost import SIZES, CostCurve, cost_curve
 
 
+TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
+
+
 class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the file and line."""
 

@@ -10,18 +10,20 @@ license texts Debian ships; the tokenizer is a byte-level BPE trained on the fly
 - chat: a question about one text answered with another text not in the prompt
   (nearly nothing to copy: the low-acceptance case).
 
-`FollowReference` forces a model's greedy choice to the reference output, so a random
-model costs what a real one of its shape does (every forward pass, verification and
-drafting stays real) while acceptance follows the reference exactly as it would for a
-model that writes it.
+A random model forced to the reference (the bench: traces.force_reference, in the forward;
+the examples: `FollowReference`, a logits processor) costs what a real one of its shape does
+(every forward pass, verification and drafting stays real) while acceptance follows the
+reference exactly as it would for a model that writes it.
 """
 
+import ast
 import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LogitsProcessor
 
 VOCAB_SIZE = 8192
@@ -45,8 +47,6 @@ def stdlib_sources(min_chars: int = 1500, max_chars: int = 4000) -> list[Path]:
 
 def tokenizer():
     """A byte-level BPE with VOCAB_SIZE tokens trained on stdlib code and license prose; cached on disk."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     path = _CACHE / f"bpe-{VOCAB_SIZE}.json"
     if path.is_file():
         return Tokenizer.from_file(str(path))
@@ -68,8 +68,6 @@ def _prose() -> list[str]:
     passages = [p.read_text(errors="ignore") for p in sorted(_LICENSES.glob("*")) if p.is_file()]
     passages = [t for t in passages if len(t) > 3000]
     if len(passages) < 4:
-        import ast
-
         root = Path(sysconfig.get_paths()["stdlib"])
         for p in sorted(root.glob("*.py")):
             doc = ast.get_docstring(ast.parse(p.read_text(errors="ignore"))) or ""
