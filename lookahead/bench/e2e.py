@@ -199,7 +199,7 @@ def select_methods(spec: str | None, *, variants: bool = False) -> list[tuple[st
 def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 1, label: str = "workload", forward_time: bool = False,
                 summary=None) -> list[dict]:
     """Times every method on every workload's requests, `repeats` times; one row per (workload,
-    method), from summary(runs, method) (default: wall clock, TTFT and TPOT, _summary).
+    method), from summary(runs, method) (default: wall clock, TTFT and TPOT, wall_clock_summary).
 
     Before timing: the engine's one-time cost calibration (lookahead.verify_costs) and one
     short untimed call per method (kernels compiled or loaded, torch paths warmed), kept out
@@ -221,7 +221,7 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
     rows = []
     for name, per_run in runs.items():
         for method, _ in methods:
-            rows.append({label: name, "dtype": dtype, "method": method, **(summary or _summary)(per_run, method)})
+            rows.append({label: name, "dtype": dtype, "method": method, **(summary or wall_clock_summary)(per_run, method)})
     return rows
 
 
@@ -264,7 +264,7 @@ def generate_task(model, task: Task, options: dict, *, forward_time: bool = Fals
     return out[0].tolist(), timing
 
 
-def _summary(per_run: list[dict[str, dict]], method: str) -> dict:
+def wall_clock_summary(per_run: list[dict[str, dict]], method: str) -> dict:
     """A method's row over the runs, from each request's fastest run (another process on the
     machine only ever adds time, and the methods take turns, so each has the same chance of a
     quiet run): tokens/s, mean time to first token, time per output token after it, and their
