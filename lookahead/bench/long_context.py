@@ -11,7 +11,9 @@ the files in turn, the last cut so the material holds exactly C tokens), in two 
 
 The model is forced in the forward to each request's recorded output (traces.force_reference),
 so what the material changes is drafting and its cost, never what is written. Context 0 is the
-plain traces bench (one variant).
+plain traces bench (one variant). Cost on a CPU: a masked prefill materialises the whole
+attention matrix, so past ~4k tokens each request takes minutes here (16k at the quick shape:
+about 8 minutes per request for the four methods, under load); 8k-32k is a GPU workload.
 """
 
 import sys
