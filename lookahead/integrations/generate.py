@@ -170,6 +170,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered "
                                          "per row: generate one row at a time")
     logits_to_keep = supports_logits_to_keep(model)
+    device = model.device  # read once: transformers finds it by walking the parameters
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32
     record = []
     active, first = rows, True
@@ -179,9 +180,10 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
                             [row.cached for row in active], cache.real, uncached=u, dtype=dtype)
-        logits, first_logit = _forward(model, block, cache, logits_to_keep)
+        logits, first_logit = _forward(model, block, cache, logits_to_keep, device)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
+        logits = logits if argmax is not None else logits.float()  # processors and scores read float32
         walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
                       step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
         if costs is not None and not first:  # the step's real shape; the walk's choices synced the device
@@ -241,18 +243,17 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
             for row, room, chain, size in zip(active, rooms, chains, sizes)]
 
 
-def _forward(model, block, cache: RowCache, logits_to_keep: bool) -> tuple[torch.Tensor, int]:
-    """(rows, entries, vocab) float32 logits of the block, and the block entry of logits row 0.
+def _forward(model, block, cache: RowCache, logits_to_keep: bool, device) -> tuple[torch.Tensor, int]:
+    """(rows, entries, vocab) logits of the block in the model's dtype, and the block entry of logits row 0.
 
     Logits only where the walk reads them: the last uncached token and the draft nodes (a
     prompt's logits over a large vocabulary would cost more than the forward pass)."""
-    device = model.device
     width, u = block.tokens.shape[1], block.uncached
     keep = {"logits_to_keep": width - u + 1} if logits_to_keep else {}
     if block.attention is not None:
         keep |= dict(attention_mask=block.attention.to(device), position_ids=block.positions.to(device))
     out = model(input_ids=block.tokens.to(device), cache=cache.cache, use_cache=True, **keep)
-    return out.logits.float(), (u - 1 if logits_to_keep else 0)
+    return out.logits, (u - 1 if logits_to_keep else 0)
 
 
 def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool) -> list[Row]:
