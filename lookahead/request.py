@@ -83,16 +83,26 @@ class Request:
             return self.commit(chain, size)
         return self.commit(chain, size, drafter.propose_tree(room, max_tree_nodes=tree_nodes(size, max_tree_nodes, cost)))
 
-    def verified(self, written, accepted: int | None = None) -> None:
+    def verified(self, written, accepted: int | None = None, checked: int | None = None) -> None:
         """After the step: the model wrote `written` (its kept drafted tokens, then its own; cut where
-        generation stopped). `accepted`: the drafted tokens it kept, if not len(written) - 1."""
+        generation stopped). `accepted`: the drafted tokens it kept, if not len(written) - 1;
+        `checked`: the chain tokens the step verified, if not the plan's size (a server may trim a draft)."""
         plan, written = self.last, written.tolist() if hasattr(written, "tolist") else list(written)
         if plan is not None:
             kept = len(written) - 1 if accepted is None else accepted
             self.drafter.stats.record_accepted(min(max(kept, 0), len(plan.draft)))
             if self.keep_rate is not None and len(plan.chain):
-                self.keep_rate.observe(plan.chain.match_len, plan.chain.token_ids.tolist(), plan.size, written, self.position)
+                size = plan.size if checked is None else checked
+                self.keep_rate.observe(plan.chain.match_len, plan.chain.token_ids.tolist(), size, written, self.position)
         self.last = None
-        self.drafter.extend(written)
+        self.extend(written)
+
+    def discard(self) -> None:
+        """The last plan was not verified (a server dropped it): nothing is learnt from it."""
+        self.last = None
+
+    def extend(self, token_ids) -> None:
+        """Tokens of the request the drafter has not seen, outside any plan (a prompt's next chunk, a resumed request)."""
+        self.drafter.extend(token_ids)
         if self.keep_rate is not None:
             self.keep_rate.settle(self.drafter.index.tokens)
