@@ -13,7 +13,7 @@ from lookahead.sizing.cost import LineCost
 from tests.cases import make_case, story_prompt
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
 
-TREE_FAMILIES = ["llama", "qwen2", "mistral", "phi3"]
+TREE_FAMILIES = FAMILIES  # each passes the tree probe (integrations.support.tree_support)
 CASES = 8
 PAD = 0
 

@@ -13,8 +13,9 @@ What the candidate generator relies on, and how we answer:
   target's vocabulary: our proposal is a point mass, so q is one-hot and the rule
   "accept d with prob min(1, p(d)/q(d)) = p(d), else sample from (p - q)+" is exactly
   sampling from p.
-- `.cache`: threaded back into the next call's kwargs. We return None; the key "cache"
-  is absent only on the first call of a generate(), which is how a new request is seen.
+- `.cache` (`.past_key_values` before transformers 5.2x): threaded back into the next call's
+  kwargs. We return None; the key is absent only on the first call of a generate(), which is
+  how a new request is seen.
 - `.config` and `.device`: read while transformers validates the call and builds the
   candidate generator. Their getters read the caller's arguments there (its frame) to
   refuse what the loop cannot do with a clear message, and to learn the target model.
@@ -39,9 +40,8 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from lookahead.draft import Draft
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import step_costs
-from lookahead.integrations.hf import (
-    ALTERNATIVE, caller_locals, check_candidate_generator_inputs, check_generation_mode, eos_ids, first_stop, vocab_size,
-)
+from lookahead.integrations.hf import caller_locals, first_stop, vocab_size
+from lookahead.integrations.support import ALTERNATIVE, check_candidate_generator_inputs, check_generation_mode, eos_ids
 from lookahead.request import Request
 from lookahead.sizing.rules import chain_size
 
@@ -124,7 +124,7 @@ class TransformersAssistant:
             )
         # One step at a time: between this request's steps another thread's request may
         # start (reset); then this request's next extend raises, before any state is read.
-        new_request = "cache" not in kwargs
+        new_request = "cache" not in kwargs and "past_key_values" not in kwargs  # the key's name before transformers 5.2x
         if new_request:
             loop = caller_locals("_assisted_decoding")
             criteria = loop.get("stopping_criteria") if loop is not None else None
@@ -158,10 +158,14 @@ class TransformersAssistant:
 
         chain, size, draft = self._draft(request, input_ids, max_new_tokens)
         sampling = bool(generation_config.do_sample)
-        if sampling and not len(draft) and max_new_tokens > 0:
-            # The sampling branch needs at least one candidate (an empty block breaks its
-            # slicing); the last token is a free guess: a wrong one costs one verified position.
-            draft = Draft.chain(np.asarray([int(input_ids[0, -1])], dtype=np.int64))
+        last, eos = int(input_ids[0, -1]), self.drafter.eos_token_ids
+        if not len(draft) and max_new_tokens > 0 and (sampling or last in eos):
+            # A free guess (a wrong one costs one verified position): the sampling branch needs at
+            # least one candidate (an empty block breaks its slicing); and before transformers 5.2x
+            # the loop checks its stopping criteria on the candidates, so an empty draft after a
+            # prompt ending in EOS ended generation where plain generate writes on. Never an EOS.
+            guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
+            draft = Draft.chain(np.asarray([guess], dtype=np.int64))
         request.commit(chain, size, draft)
         # Timed from here to the next call: the target's verify forward and the loop around it;
         # the first step of a request also prefills the prompt, so it is not timed.
@@ -175,7 +179,7 @@ class TransformersAssistant:
         else:
             placeholder = torch.zeros((1, 1), device=device)
             scores = (placeholder,) * max(1, len(draft))
-        return SimpleNamespace(sequences=sequences, scores=scores, cache=None)
+        return SimpleNamespace(sequences=sequences, scores=scores, cache=None, past_key_values=None)  # the cache's two names
 
     def _draft(self, request: Request, input_ids, room: int) -> tuple[Draft, int, Draft]:
         """(the chain, the tokens of it offered, the chain cut to them and before a stop string's completion)."""

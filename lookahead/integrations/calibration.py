@@ -5,7 +5,8 @@ import time
 import numpy as np
 import torch
 
-from lookahead.integrations.hf import drop_cache_tail, new_cache
+from lookahead.integrations.hf import cache_inputs, drop_cache_tail, new_cache
+from lookahead.integrations.support import tree_support
 from lookahead.sizing.cost import SIZES, LoopCosts, StepCosts, cost_curve
 
 CALIBRATED: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
@@ -71,22 +72,23 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     mask[0, 0, :, context:].masked_fill_(~visible.to(model.device), torch.finfo(dtype).min)
     positions = torch.tensor([[context + (i % 8) for i in range(16)]], device=model.device)
     tree = dict(input_ids=blocks[SIZES.index(16)], attention_mask=mask, position_ids=positions)
-    shapes = [dict(input_ids=block) for block in blocks] + [tree]
+    shapes = [dict(input_ids=block) for block in blocks] + ([tree] if tree_support(model) is None else [])  # tree16: nan without trees
     samples = [[] for _ in shapes]
     with torch.inference_mode():
         cache = new_cache(model)
-        model(input_ids=prefix, cache=cache, use_cache=True)
+        model(input_ids=prefix, **cache_inputs(model, cache))
+        drop_cache_tail(cache, 0)  # a recording sliding-window layer cut back to its window, as after every step
         # Rounds over every shape, the first to warm them up; each shape's fastest round counts.
         # Another process on the machine only ever adds time, and taking turns spreads it over
         # the shapes rather than onto one of them.
         for _ in range(repeats + 1):
             for shape, times in zip(shapes, samples):
                 width = shape["input_ids"].shape[1]
-                times.append(timed_forward(model, lambda: model(cache=cache, use_cache=True, **shape)))
+                times.append(timed_forward(model, lambda: model(**cache_inputs(model, cache), **shape)))
                 drop_cache_tail(cache, width)
     fastest = [min(times[1:]) for times in samples]
     # A wider block streams the same weights as one token and computes more: never cheaper.
     chain = np.maximum(np.asarray(fastest[: len(SIZES)]), fastest[0])
-    tree16 = max(fastest[-1], fastest[0])
+    tree16 = max(fastest[-1], fastest[0]) if len(shapes) > len(SIZES) else float("nan")
     CALIBRATED[key] = {"chain": chain, "tree16": tree16}
     return CALIBRATED[key]

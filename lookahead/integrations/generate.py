@@ -28,17 +28,17 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from lookahead.draft import DraftStats, StepPlan
 from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import loop_costs, tree_cost_16
 from lookahead.integrations.hf import (
-    cache_rows_gatherable, check_generate, check_input_ids, drop_cache_tail, eos_ids, new_cache, pad_token_id, row_processors,
-    streamer_dropped_by_transformers, supports_logits_to_keep, tree_unsupported_reason, vocab_size,
+    cache_inputs, cache_rows_gatherable, decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
+    streamer_dropped_by_transformers, supports_logits_to_keep, takes, vocab_size,
 )
 from lookahead.integrations.row_cache import RowCache
+from lookahead.integrations.support import check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support
 from lookahead.integrations.verify import build_block, greedy_choices, stop_index, walk
 from lookahead.request import Request
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
@@ -140,6 +140,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         streamer = streamer_dropped_by_transformers()
         prompt_streamed = streamer is not None
     check_generate(model, input_ids, generation_config, kwargs)
+    refuse_unsupported(model, "lookahead.generate")
     mask = kwargs.get("attention_mask")
     batch = input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all()))
     options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings)
@@ -251,8 +252,10 @@ def _forward(model, block, cache: RowCache, logits_to_keep: bool, device) -> tup
     width, u = block.tokens.shape[1], block.uncached
     keep = {"logits_to_keep": width - u + 1} if logits_to_keep else {}
     if block.attention is not None:
-        keep |= dict(attention_mask=block.attention.to(device), position_ids=block.positions.to(device))
-    out = model(input_ids=block.tokens.to(device), cache=cache.cache, use_cache=True, **keep)
+        keep["attention_mask"] = block.attention.to(device)
+    if takes(type(model), "position_ids"):  # as plain generate passes them (a RoBERTa-style family would offset its own)
+        keep["position_ids"] = block.positions.to(device)
+    out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
     return out.logits, (u - 1 if logits_to_keep else 0)
 
 
@@ -275,13 +278,13 @@ def _output(rows: list[Row], config: GenerationConfig, record: list, cache: RowC
         pad = pad_token_id(config)
         longest = max(len(row.context) for row in rows)
         sequences = torch.tensor([row.context + [pad] * (longest - len(row.context)) for row in rows], dtype=torch.long, device=device)
-        return GenerateDecoderOnlyOutput(sequences=sequences) if config.return_dict_in_generate else sequences
+        return decoder_only_output(sequences=sequences) if config.return_dict_in_generate else sequences
     sequence = rows[0].context
     sequences = torch.tensor([sequence], dtype=torch.long, device=device)  # int64 whatever came in, as plain generate
     if not config.return_dict_in_generate:
         return sequences
     drop_cache_tail(cache.cache, cache.cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
-    return GenerateDecoderOnlyOutput(
+    return decoder_only_output(
         sequences=sequences, scores=tuple(s for s, _ in record) if config.output_scores else None,
         logits=tuple(raw for _, raw in record) if config.output_logits else None, cache=cache.cache,
     )
@@ -300,8 +303,8 @@ def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
 
 def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
     if tree is None:
-        tree = tree_unsupported_reason(model) is None and tree_cost_16(model) <= TREE_MAX_COST_16
-    elif tree and (reason := tree_unsupported_reason(model)) is not None:
+        tree = tree_support(model) is None and tree_cost_16(model) <= TREE_MAX_COST_16
+    elif tree and (reason := tree_support(model)) is not None:
         raise UnsupportedGenerationError(f"tree drafts are not supported here: {reason}. Use tree=False.")
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
     if stop_strings and tokenizer is None:

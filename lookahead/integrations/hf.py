@@ -1,4 +1,4 @@
-"""The one place that knows transformers' private shapes: frames, caches, processors, refusals.
+"""The one place that knows transformers' private shapes: frames, caches, processors, forward keywords.
 
 Frames read (each has a test in tests/test_transformers_frames.py that fails the day
 transformers moves it): `_validate_generation_mode` (locals self, generation_mode,
@@ -10,7 +10,9 @@ penalty's prompt_ignore_length and prefix_allowed_tokens_fn's batch id.
 """
 
 import copy
+import dataclasses
 import functools
+import inspect
 import sys
 
 import numpy as np
@@ -19,14 +21,10 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.stopping_criteria import StopStringCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from lookahead.errors import UnsupportedGenerationError
-from lookahead.index import as_id_set
 
-ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
 FRAMES_SEARCHED = 4  # how far up the stack a transformers caller is looked for
-# Families whose attention applies a custom 4D mask and whose cache layers can be gathered.
-TREE_MODEL_TYPES = {"llama", "qwen2", "mistral", "phi3"}  # each tested for exact tree verification
 
 
 # -- frames ---------------------------------------------------------------------------------
@@ -81,13 +79,62 @@ def first_stop(criteria: list[StopStringCriteria], sequence: torch.Tensor, draft
 
 
 def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """The cache plain generate builds for `model`, recording its past as transformers' assisted loop does.
+
+    Recording: a sliding-window or convolution layer keeps the states a rollback may need
+    (not only its window) until the next `crop`, so every step can drop its rejected tokens.
+    """
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    return cache
 
 
 def drop_cache_tail(cache: DynamicCache, count: int) -> None:
-    """Removes the last `count` cached positions (transformers 5: a negative crop removes that many)."""
-    if count > 0:
-        cache.crop(-count)
+    """Removes the last `count` >= 0 cached positions, as transformers' assisted loop rolls back (`crop(-count)`).
+
+    Called after every verify step, `count` 0 included: on a recording sliding-window or
+    convolution layer the crop also cuts the recorded past back to what the next step reads.
+    (transformers 5: a negative crop removes that many; crop(0) leaves full-attention layers as they are.)
+    """
+    cache.crop(-count)
+
+
+def decoder_only_output(*, sequences, scores=None, logits=None, cache=None) -> GenerateDecoderOnlyOutput:
+    """What plain generate returns with return_dict_in_generate; the cache under its field's name
+    (`cache`, or `past_key_values` before transformers 5.2x)."""
+    fields = {field.name for field in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    name = "cache" if "cache" in fields else "past_key_values"
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits, **{name: cache})
+
+
+def cache_inputs(model, cache) -> dict:
+    """The forward's keyword arguments that pass `cache`: its name is `cache` (transformers >= 5.2x) or
+    `past_key_values` (earlier 5.x), read from the forward's signature once per class."""
+    return {cache_keyword(type(model)): cache, "use_cache": True}
+
+
+def chain_positions(model, start: int, length: int, device) -> dict:
+    """position_ids (1, length) = start..start + length - 1 where plain generate passes them (the forward takes
+    position_ids), else {}: a family that would compute its own (RoBERTa-style: offset from the padding id) gets
+    the ones plain generate gives it."""
+    if not takes(type(model), "position_ids"):
+        return {}
+    return {"position_ids": torch.arange(start, start + length, device=device)[None]}
+
+
+@functools.cache
+def takes(model_class, name: str) -> bool:
+    """Whether the model class's forward takes the keyword `name` (read once per class)."""
+    return name in inspect.signature(model_class.forward).parameters
+
+
+@functools.cache
+def cache_keyword(model_class) -> str | None:
+    """The forward's name for the KV cache (None: it takes none)."""
+    for name in ("cache", "past_key_values"):
+        if takes(model_class, name):
+            return name
+    return None
 
 
 def gather_cache_rows(cache: DynamicCache, rows: torch.Tensor, positions: torch.Tensor) -> None:
@@ -156,113 +203,3 @@ def vocab_size(model) -> int:
 def supports_logits_to_keep(model) -> bool:
     """Whether the model's forward takes `logits_to_keep` (inspects its signature: call once, not per step)."""
     return model._supports_logits_to_keep()
-
-
-# -- checks ---------------------------------------------------------------------------------
-
-
-def eos_ids(config: GenerationConfig) -> frozenset[int]:
-    """The generation config's EOS ids (none: empty)."""
-    return as_id_set(config.eos_token_id)
-
-
-def fixed_cache(cache_implementation: str | None, cache) -> str | None:
-    """What in a call asks for a cache that cannot drop rejected drafts (None: nothing)."""
-    if cache_implementation in ("static", "offloaded_static", "sliding_window", "hybrid"):
-        return f"cache_implementation='{cache_implementation}'"
-    if cache is not None and "Static" in type(cache).__name__:
-        return f"a {type(cache).__name__}"
-    return None
-
-
-def check_generation_mode(caller: dict) -> None:
-    mode = caller.get("generation_mode")
-    config = caller.get("generation_config")
-    target = caller.get("self")
-    if mode is not None and str(getattr(mode, "value", mode)) != "assisted_generation":
-        raise UnsupportedGenerationError(
-            f"LookupDrafter works with greedy search and sampling, but these options select "
-            f"'{getattr(mode, 'value', mode)}' (num_beams={getattr(config, 'num_beams', None)}); "
-            f"transformers would silently ignore the drafter. {ALTERNATIVE}"
-        )
-    fixed = fixed_cache(config.cache_implementation if config is not None else None, None)
-    if fixed is not None:
-        raise UnsupportedGenerationError(f"LookupDrafter needs a cache that can drop rejected drafts; {fixed} cannot. {ALTERNATIVE}")
-    if target is not None and target.config.is_encoder_decoder:
-        raise UnsupportedGenerationError(
-            f"LookupDrafter drafts for decoder-only models; {type(target).__name__} is an encoder-decoder. "
-            "Use a decoder-only model, or generate without assistant_model."
-        )
-
-
-def check_candidate_generator_inputs(input_ids, model_kwargs: dict) -> None:
-    if input_ids.shape[0] != 1:
-        raise UnsupportedGenerationError(
-            f"LookupDrafter drafts for one sequence, but the batch has {input_ids.shape[0]}: transformers' "
-            f"assisted loop verifies batch size 1 only. {ALTERNATIVE}"
-        )
-    fixed = fixed_cache(None, model_kwargs.get("past_key_values", model_kwargs.get("cache")))
-    if fixed is not None:
-        raise UnsupportedGenerationError(f"LookupDrafter needs a cache that can drop rejected drafts; {fixed} cannot. {ALTERNATIVE}")
-
-
-def check_input_ids(input_ids, model) -> None:
-    """(batch, prompt_len) integer ids the model takes; refused here, not deep inside torch."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch tensor of token ids, shape (batch, prompt_len), got {type(input_ids).__name__}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must be integers, got a tensor of dtype {input_ids.dtype}")
-    if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must have shape (batch, prompt_len) with both >= 1, got {tuple(input_ids.shape)}")
-    low, high, vocab = int(input_ids.min()), int(input_ids.max()), vocab_size(model)
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
-        raise ValueError(f"input_ids must be in [0, {vocab}) (the model's vocabulary), got {bad}")
-
-
-def check_generate(model, input_ids, config: GenerationConfig, kwargs: dict) -> None:
-    """Refuses what lookahead.generate cannot verify exactly, in one line each."""
-    if model.config.is_encoder_decoder:
-        raise UnsupportedGenerationError(f"lookahead.generate drafts for decoder-only models; {type(model).__name__} is an encoder-decoder")
-    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
-        asked = "output_attentions" if config.output_attentions else "output_hidden_states"
-        raise UnsupportedGenerationError(
-            f"lookahead.generate returns sequences, scores, logits and the cache, not attentions or hidden states ({asked}=True): "
-            "a verify step computes them for a block of draft tokens, not one token at a time. Generate without the drafter for them."
-        )
-    if (config.num_return_sequences or 1) > 1:
-        raise UnsupportedGenerationError(
-            f"lookahead.generate returns one sequence per call, got num_return_sequences={config.num_return_sequences}: "
-            "call it once per sequence wanted (sampling draws anew each call)"
-        )
-    if (config.num_beams or 1) > 1:
-        raise UnsupportedGenerationError(f"lookahead.generate does greedy search and sampling, not beam search (num_beams={config.num_beams})")
-    fixed = fixed_cache(config.cache_implementation, kwargs.get("cache", kwargs.get("past_key_values")))
-    if fixed is None and config.cache_implementation not in (None, "dynamic"):
-        fixed = f"cache_implementation='{config.cache_implementation}'"  # our loop makes its own DynamicCache
-    if fixed is not None:
-        raise UnsupportedGenerationError(f"lookahead.generate keeps its own dynamic cache; {fixed} is not supported")
-    mask = kwargs.get("attention_mask")
-    if mask is not None and not bool(mask.all()):
-        if tuple(mask.shape) != tuple(input_ids.shape) or mask.ndim != 2:
-            raise UnsupportedGenerationError(f"attention_mask must be 2-D like input_ids {tuple(input_ids.shape)}, got {tuple(mask.shape)}")
-        real = mask.bool()
-        left_padded = bool((real[:, 1:] >= real[:, :-1]).all()) and bool(real[:, -1].all())
-        if not left_padded:
-            raise UnsupportedGenerationError(
-                "lookahead.generate takes left-padded batches, as transformers pads for generation "
-                "(tokenizer.padding_side='left'): each attention_mask row must be zeros, then ones, ending in a one"
-            )
-
-
-def tree_unsupported_reason(model) -> str | None:
-    """Why a tree cannot be verified on `model` (None: it can)."""
-    config = model.config
-    if config.model_type not in TREE_MODEL_TYPES:
-        return (f"{type(model).__name__} ({config.model_type}) is not among the families tested with custom 4D "
-                f"masks, {sorted(TREE_MODEL_TYPES)}")
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        return f"{type(model).__name__} uses a sliding-window cache (sliding_window={config.sliding_window}), whose layers cannot be gathered"
-    if set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
-        return f"{type(model).__name__} has layers other than full attention ({sorted(set(config.layer_types))})"
-    return None

@@ -4,8 +4,7 @@ A step's block holds, per row, its u uncached tokens (the padded prompt on the f
 else its last own token) and its draft, right-padded with fill to the step's width W.
 Each draft node hangs from its parent (-1: the row's last uncached token) and sits at
 position (the row's real tokens before it) + depth. Rows whose cache has no holes, a block
-without padding or fill, and a chain: the model's own causal mask and positions (no mask
-is passed). Otherwise a 2-D mask over [cache slots, block] hides the slots that are not
+without padding or fill, and a chain: the model's own causal mask (no mask is passed). Otherwise a 2-D mask over [cache slots, block] hides the slots that are not
 the row's real tokens (chains: the model adds the causal part), or a 4-D additive mask
 lets each node see the row's real cache, the uncached tokens and its own ancestors (trees).
 
@@ -31,7 +30,7 @@ class Block:
     """A (rows, width) verify block and what the walk needs of it."""
 
     tokens: torch.Tensor  # (rows, width) int64, fill 0
-    positions: torch.Tensor | None  # (rows, width) int64; None: the model's default positions
+    positions: torch.Tensor  # (rows, width) int64, as plain generate numbers them (padding and fill at 1)
     attention: torch.Tensor | None  # (rows, keys) 0/1, or (rows, 1, width, keys) additive; None: causal
     ids: list[list[int]]  # per row, its entries: u uncached tokens, then its draft's nodes
     parents: list[list[int]]  # per row, each entry's parent entry (-1: none)
@@ -68,8 +67,8 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     for r, row in enumerate(ids):
         tokens[r, : len(row)] = torch.tensor(row)
     whole = not is_tree and not any(skips) and all(len(row) == width for row in ids) and bool(real.all())
-    if whole:  # the model's own causal mask and positions: as plain generate calls it
-        return Block(tokens, None, None, ids, parents, skips, u, False)
+    if whole:  # the model's own causal mask; every row's positions follow its S real slots
+        return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
     positions = torch.ones((rows, width), dtype=torch.long)  # padding and fill at 1, as plain generate's padding
     keys = torch.zeros((rows, slots + width), dtype=torch.bool)  # which keys are real tokens of the row
     keys[:, :slots] = real
