@@ -7,6 +7,7 @@ two engines on a random-weight Llama built here (about a minute each on 2 cores)
 """
 
 import json
+import logging
 import os
 import random
 import sys
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from lookahead.integrations.vllm import PROPOSER, LookupProposer, engine_args, read_options
+from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +39,12 @@ class FakeBatch:
         self.num_tokens_no_spec = np.zeros(max_rows, dtype=np.int32)  # (row,)
         self.num_prompt_tokens = np.zeros(max_rows, dtype=np.int32)  # (row,)
         self.req_ids = []
+        self.spec_token_ids = []  # (row,) the drafted tokens this step verified
 
-    def set_rows(self, rows):
-        """rows: (request id, prompt, output so far) per row."""
+    def set_rows(self, rows, spec_token_ids):
+        """rows: (request id, prompt, output so far) per row; spec_token_ids: per row, its verified draft."""
         self.req_ids = [req_id for req_id, _, _ in rows]
+        self.spec_token_ids = [list(ids) for ids in spec_token_ids]
         for row, (_, prompt, output) in enumerate(rows):
             seq = list(prompt) + list(output)
             self.token_ids_cpu[row, : len(seq)] = seq
@@ -49,19 +52,48 @@ class FakeBatch:
             self.num_prompt_tokens[row] = len(prompt)
 
 
-class FakeRunner:
-    """What LookupProposer reads of vLLM's model runner: input_batch and the live requests."""
+class WrappingProposer:
+    """A class between the runner and ours, as one later vLLM revision's CustomClassProposer."""
 
     def __init__(self, proposer):
+        self.user_proposer = proposer
+
+    def load_model(self, *args, **kwargs):
+        return self.user_proposer.load_model(*args, **kwargs)
+
+
+def load_through_a_helper(drafter):
+    drafter.load_model(object())
+
+
+class FakeRunner:
+    """What LookupProposer reads of vLLM's model runner: input_batch and the live requests.
+
+    Like vLLM's scheduler, a step verifies a request's last draft only if the request ran in
+    the step before (a preempted request's draft is dropped), cut to `budget[req_id]` tokens.
+    """
+
+    def __init__(self, proposer, *, wrapped=False, helper=False):
         self.input_batch = FakeBatch()
         self.requests = {}
-        proposer.load_model(object())  # takes `self` (this runner) from its caller's frame
+        self.drafts = {}  # request id -> the draft returned for it at the last step
+        self.drafts_verified = self.draft_tokens_verified = 0  # what vLLM's metrics would count
+        drafter = WrappingProposer(proposer) if wrapped else proposer
+        if helper:
+            load_through_a_helper(drafter)  # the runner two frames up
+        else:
+            drafter.load_model(object())  # the runner one frame up (two when wrapped)
 
-    def step(self, proposer, rows, sampled):
+    def step(self, proposer, rows, sampled, budget=None):
         """rows: (request id, prompt, output) per row, this step's `sampled` tokens included in output."""
         self.requests = {req_id: None for req_id, _, _ in rows} | {r: None for r in self.requests if r in self.extra_live}
-        self.input_batch.set_rows(rows)
-        return proposer.propose(sampled, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu)
+        spec = [self.drafts.get(req_id, [])[: (budget or {}).get(req_id)] for req_id, _, _ in rows]
+        self.drafts_verified += sum(1 for ids in spec if ids)
+        self.draft_tokens_verified += sum(map(len, spec))
+        self.input_batch.set_rows(rows, spec)
+        out = proposer.propose(sampled, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu)
+        self.drafts = {req_id: ids for (req_id, _, _), ids in zip(rows, out)}
+        return out
 
     extra_live = ()  # preempted requests: live, not in the batch
 
@@ -119,6 +151,78 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
     assert {key: request.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
+
+
+@pytest.mark.parametrize("wrapped, helper", [(False, False), (False, True), (True, False), (True, True)])
+def test_runner_found_up_the_stack_through_a_wrapper(wrapped, helper):
+    proposer = new_proposer()
+    runner = FakeRunner(proposer, wrapped=wrapped, helper=helper)
+    assert proposer.runner is runner
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    assert proposer.stats.rows_by_content == 0
+
+
+def test_runner_search_is_bounded():
+    def nest(depth):
+        return find_runner(sys._getframe(0), max_frames=3) if depth == 0 else nest(depth - 1)
+
+    class Runner:
+        input_batch, requests = FakeBatch(), {}
+
+        def near(self):
+            return nest(1)  # this frame is the third searched
+
+        def far(self):
+            return nest(3)
+
+    runner = Runner()
+    assert runner.near() is runner and runner.far() is None
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def vllm_log():
+    """What LookupProposer writes to vLLM's log (LOGGER: under "vllm.", which vLLM does not propagate to root)."""
+    records = Records()
+    LOGGER.addHandler(records)
+    try:
+        yield records.messages
+    finally:
+        LOGGER.removeHandler(records)
+
+
+def test_no_runner_warns_once_that_rows_are_matched_by_content(vllm_log):
+    proposer = new_proposer()
+    proposer.load_model(object())  # no runner on this stack
+    assert proposer.runner is None
+    batch = FakeBatch()
+    for output in ([5], [5, 6], [5, 6, 7]):
+        batch.set_rows([("a", A, output)], [[]])
+        proposer.propose([output[-1:]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert proposer.stats.rows_by_content == 3
+    assert len(vllm_log) == 1 and "matched to requests by content" in vllm_log[0] and "no model runner" in vllm_log[0]
+
+
+def test_runner_without_request_ids_warns_once(vllm_log):
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert vllm_log == []  # the runner was found
+    runner.input_batch.req_ids = None
+    batch = runner.input_batch
+    for output in ([5], [5, 6]):
+        batch.token_ids_cpu[0, : len(A) + len(output)] = A + output
+        batch.num_tokens_no_spec[0] = len(A) + len(output)
+        proposer.propose([output[-1:]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert proposer.stats.rows_by_content == 2
+    assert len(vllm_log) == 1 and "req_ids" in vllm_log[0]
 
 
 def test_preempted_request_keeps_its_drafter():

