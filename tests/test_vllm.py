@@ -225,6 +225,47 @@ def test_runner_without_request_ids_warns_once(vllm_log):
     assert len(vllm_log) == 1 and "req_ids" in vllm_log[0]
 
 
+def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
+    """vLLM drops a preempted request's draft; when it resumes, that draft was never verified."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]]) == [[6, 7, 8, 5], [21, 22, 23, 20]]
+    a = proposer.requests["a"]
+    keep_before = a.sizer.keep_chance(a.match_len)
+    runner.extra_live = ("a",)  # preempted with its draft pending
+    runner.step(proposer, [("b", B, [20, 21])], [[21]])  # b's draft: 0 of 4 accepted
+    runner.extra_live = ()
+    # a resumes: its recomputed prefill samples one token, its old draft was never scheduled
+    runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]])
+    assert proposer.stats.discarded_drafts == 1
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (2, 8)
+    assert proposer.stats.accepted_tokens == 0
+    assert a.sizer.keep_chance(a.match_len) == keep_before  # nothing learnt from the dropped draft
+
+
+@pytest.mark.parametrize("identity", ["auto", "content"])
+def test_draft_dropped_by_preemption_without_spec_token_ids(identity):
+    """Without input_batch.spec_token_ids: a draft counts only if its request ran in the step before."""
+    proposer = new_proposer(row_identity=identity)
+    runner = FakeRunner(proposer)
+    del runner.input_batch.spec_token_ids
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
+    runner.extra_live = ("a",)
+    runner.step(proposer, [("b", B, [20, 21, 22])], [[21, 22]])
+    runner.extra_live = ()
+    runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22, 23])], [[6], [23]])
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens, proposer.stats.accepted_tokens) == (2, 8, 1)
+    assert proposer.stats.discarded_drafts == (1 if identity == "auto" else 0)  # content: "a" came back as a new request
+
+
+def test_draft_cut_to_the_step_budget_counts_the_verified_tokens():
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    runner.step(proposer, [("a", A, [5, 6, 7])], [[6, 7]], budget={"a": 2})  # the step verified 2 of 4, kept 1
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens, proposer.stats.accepted_tokens) == (1, 2, 1)
+
+
 def test_preempted_request_keeps_its_drafter():
     proposer = new_proposer()
     runner = FakeRunner(proposer)

@@ -18,6 +18,8 @@ reused by new requests), so state is keyed by request, never by row:
   request has finished once it left `runner.requests` (preempted ones stay there). Where no
   runner is found (another vLLM version), a row belongs to the drafter whose indexed tokens
   it still extends (`_match_rows`), and vLLM's log says so once.
+- acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
+  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request) is not counted.
 - per request: a LookupDrafter fed only the new tokens each step, and a DraftSizer that
   learns its keep chance per anchor length. All requests share one bounded TokenStore
   (memory: each finished request is added to it) and an optional DocumentLibrary.
@@ -166,6 +168,7 @@ class ProposerStats:
     accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
     rows_by_content: int = 0  # rows identified by content (no runner)
+    discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room)
     cut_tokens: int = 0  # drafted tokens the load rule did not send
     memory_tokens: int = 0
     fixed_cost_tokens: float = 0.0  # the load rule's current F / p
@@ -217,6 +220,7 @@ class LookupProposer:
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
         self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
+        self._last_keys: set = set()  # request keys of the last step's rows
         self.stats = ProposerStats(accepted_per_pos=[0] * self.num_draft_tokens)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
@@ -252,13 +256,14 @@ class LookupProposer:
         start = time.perf_counter()
         num_rows = len(sampled_token_ids)
         keys, prompt_lens = self._batch_keys(num_rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        verified = self._verified(keys, by_runner=prompt_lens is not None)
         new_keys = {key for key in keys if key not in self.requests}
         self._measure_step(keys, sampled_token_ids, new_keys, start)
 
         chains: list = [None] * num_rows  # per row, (its request, chain ids, match_len) or None
         for row in range(num_rows):
             n = int(num_tokens_no_spec[row])
-            request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row)
+            request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row, verified[row])
             limit = min(self.num_draft_tokens, self.max_model_len - n)
             if not sampled_token_ids[row] or limit <= 0:  # a prefill chunk, a discarded step, or no room
                 continue
@@ -282,6 +287,7 @@ class LookupProposer:
         now = time.perf_counter()
         self.stats.propose_s += now - start
         self._last_step = ([keys[row] for row in decode], len(decode) + sum(sizes), now)
+        self._last_keys = set(keys)
         return out
 
     # -- the load rule -------------------------------------------------------------------------
@@ -325,6 +331,24 @@ class LookupProposer:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
+    def _verified(self, keys, *, by_runner: bool) -> list[int]:
+        """Per row, how many tokens of its request's last draft vLLM verified in the step that just ran.
+
+        vLLM drops a request's draft unverified when it preempts the request (and trims a draft to
+        the step's token budget); the persistent batch holds the drafted tokens each row's step
+        verified (input_batch.spec_token_ids, vLLM 0.32/0.33). Without it: the whole draft if the
+        request ran in the step before (a preempted request sits out at least one step), else none.
+        """
+        spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
+        by_runner = by_runner and spec is not None and len(spec) >= len(keys)
+        out = []
+        for row, key in enumerate(keys):
+            request = self.requests.get(key)
+            sent = request.sent if request is not None else 0
+            ran = len(spec[row]) if by_runner else (sent if key in self._last_keys else 0)
+            out.append(min(sent, ran))
+        return out
+
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
         """Without a runner: each row belongs to the request whose indexed tokens it still extends."""
         self.stats.rows_by_content += num_rows
@@ -355,8 +379,9 @@ class LookupProposer:
         head = min(window, m)
         return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head : m], row[m - head : m])
 
-    def _follow(self, key, sampled: list, n: int, row: np.ndarray, prompt_lens, row_index: int) -> _Request:
-        """The request of `key`, its drafter extended to row[:n] and its sizer taught by this step's tokens."""
+    def _follow(self, key, sampled: list, n: int, row: np.ndarray, prompt_lens, row_index: int, verified: int) -> _Request:
+        """The request of `key`, its drafter extended to row[:n] and its sizer taught by this step's tokens
+        (`verified`: how many tokens of its last draft the step verified)."""
         request = self.requests.get(key)
         if request is not None and not (request.indexed <= n and self._extends(request, row, n, window=1)):
             self._retire(key)  # the row no longer extends what we indexed: the id was reused
@@ -369,10 +394,12 @@ class LookupProposer:
             request.indexed = prompt_len
             self.requests[key] = request
             self.stats.requests += 1
-        if request.sent and sampled:  # what the model wrote after our last draft: vLLM's acceptance
-            self._count(request.sent, len(sampled) - 1)
-        if request.chain and sampled:
-            request.sizer.observed(request.match_len, request.chain, request.sent, list(sampled), request.position)
+        discarded = request.sent > 0 and verified == 0  # vLLM dropped the draft: neither counted nor learnt from
+        self.stats.discarded_drafts += discarded
+        if request.chain and sampled and not discarded:
+            if verified:  # what the model wrote after our last draft: vLLM's acceptance
+                self._count(verified, len(sampled) - 1)
+            request.sizer.observed(request.match_len, request.chain, verified, list(sampled), request.position)
         request.chain, request.sent = [], 0
         if n > request.indexed:
             request.drafter.extend(row[request.indexed : n])
