@@ -261,6 +261,21 @@ def test_draft_dropped_by_preemption_without_spec_token_ids(identity):
     assert proposer.stats.discarded_drafts == (1 if identity == "auto" else 0)  # content: "a" came back as a new request
 
 
+def test_step_run_without_the_proposer_does_not_verify_its_draft():
+    """vLLM skips a custom proposer for the whole batch when a row nears max_model_len, and
+    verifies K zero tokens per row instead: our pending draft was not what it verified."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", A, [5])], [[5]]) == [[6, 7, 8, 5]]
+    a = proposer.requests["a"]
+    keep_before = a.sizer.keep_chance(a.match_len)
+    # a step without propose wrote 6 and drafted zeros; this step verified them (none kept) and wrote 7
+    runner.drafts = {"a": [0, 0, 0, 0]}
+    runner.step(proposer, [("a", A, [5, 6, 7])], [[7]])
+    assert (proposer.stats.drafts, proposer.stats.discarded_drafts) == (0, 1)
+    assert a.sizer.keep_chance(a.match_len) == keep_before
+
+
 def test_draft_cut_to_the_step_budget_counts_the_verified_tokens():
     proposer = new_proposer()
     runner = FakeRunner(proposer)

@@ -19,7 +19,8 @@ reused by new requests), so state is keyed by request, never by row:
   runner is found (another vLLM version), a row belongs to the drafter whose indexed tokens
   it still extends (`_match_rows`), and vLLM's log says so once.
 - acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
-  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request) is not counted.
+  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
+  without us) is neither counted nor taught to the sizer (`_verified`).
 - per request: a LookupDrafter fed only the new tokens each step, and a DraftSizer that
   learns its keep chance per anchor length. All requests share one bounded TokenStore
   (memory: each finished request is added to it) and an optional DocumentLibrary.
@@ -168,7 +169,7 @@ class ProposerStats:
     accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
     rows_by_content: int = 0  # rows identified by content (no runner)
-    discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room)
+    discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room or without us)
     cut_tokens: int = 0  # drafted tokens the load rule did not send
     memory_tokens: int = 0
     fixed_cost_tokens: float = 0.0  # the load rule's current F / p
@@ -256,7 +257,7 @@ class LookupProposer:
         start = time.perf_counter()
         num_rows = len(sampled_token_ids)
         keys, prompt_lens = self._batch_keys(num_rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        verified = self._verified(keys, by_runner=prompt_lens is not None)
+        verified = self._verified(keys, sampled_token_ids, num_tokens_no_spec, by_runner=prompt_lens is not None)
         new_keys = {key for key in keys if key not in self.requests}
         self._measure_step(keys, sampled_token_ids, new_keys, start)
 
@@ -331,22 +332,29 @@ class LookupProposer:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
-    def _verified(self, keys, *, by_runner: bool) -> list[int]:
+    def _verified(self, keys, sampled, num_tokens, *, by_runner: bool) -> list[int]:
         """Per row, how many tokens of its request's last draft vLLM verified in the step that just ran.
 
-        vLLM drops a request's draft unverified when it preempts the request (and trims a draft to
-        the step's token budget); the persistent batch holds the drafted tokens each row's step
-        verified (input_batch.spec_token_ids, vLLM 0.32/0.33). Without it: the whole draft if the
-        request ran in the step before (a preempted request sits out at least one step), else none.
+        A draft is verified in the step right after we returned it, which moves its row from
+        `position` to position + len(sampled) tokens. Otherwise vLLM verified none of it:
+        - a step ran without calling us: vLLM skips a custom proposer for the whole batch when one
+          row nears max_model_len (and verifies K zero tokens per row instead);
+        - vLLM preempted the request (and dropped its draft; the recomputed prefill then samples
+          one token, as a verified step would), or trimmed the draft to the step's token budget:
+          the persistent batch holds the drafted tokens each row's step verified
+          (input_batch.spec_token_ids, vLLM 0.32/0.33); without it, a draft counts only if its
+          request ran in the step before (a preempted request sits out at least one step).
         """
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= len(keys)
         out = []
         for row, key in enumerate(keys):
             request = self.requests.get(key)
-            sent = request.sent if request is not None else 0
-            ran = len(spec[row]) if by_runner else (sent if key in self._last_keys else 0)
-            out.append(min(sent, ran))
+            if request is None or not request.sent or int(num_tokens[row]) != request.position + len(sampled[row]):
+                out.append(0)
+                continue
+            ran = len(spec[row]) if by_runner else (request.sent if key in self._last_keys else 0)
+            out.append(min(request.sent, ran))
         return out
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
