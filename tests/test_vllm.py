@@ -6,17 +6,21 @@ LOOKAHEAD_REQUIRE_VLLM=1, so that a missing vLLM fails them instead of skipping)
 two engines on a random-weight Llama built here (about a minute each on 2 cores).
 """
 
+import ast
+import inspect
 import json
+import logging
 import os
 import random
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from lookahead.integrations.vllm import PROPOSER, LookupProposer, engine_args, read_options
+from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +42,12 @@ class FakeBatch:
         self.num_tokens_no_spec = np.zeros(max_rows, dtype=np.int32)  # (row,)
         self.num_prompt_tokens = np.zeros(max_rows, dtype=np.int32)  # (row,)
         self.req_ids = []
+        self.spec_token_ids = []  # (row,) the drafted tokens this step verified
 
-    def set_rows(self, rows):
-        """rows: (request id, prompt, output so far) per row."""
+    def set_rows(self, rows, spec_token_ids):
+        """rows: (request id, prompt, output so far) per row; spec_token_ids: per row, its verified draft."""
         self.req_ids = [req_id for req_id, _, _ in rows]
+        self.spec_token_ids = [list(ids) for ids in spec_token_ids]
         for row, (_, prompt, output) in enumerate(rows):
             seq = list(prompt) + list(output)
             self.token_ids_cpu[row, : len(seq)] = seq
@@ -49,19 +55,48 @@ class FakeBatch:
             self.num_prompt_tokens[row] = len(prompt)
 
 
-class FakeRunner:
-    """What LookupProposer reads of vLLM's model runner: input_batch and the live requests."""
+class WrappingProposer:
+    """A class between the runner and ours, as one later vLLM revision's CustomClassProposer."""
 
     def __init__(self, proposer):
+        self.user_proposer = proposer
+
+    def load_model(self, *args, **kwargs):
+        return self.user_proposer.load_model(*args, **kwargs)
+
+
+def load_through_a_helper(drafter):
+    drafter.load_model(object())
+
+
+class FakeRunner:
+    """What LookupProposer reads of vLLM's model runner: input_batch and the live requests.
+
+    Like vLLM's scheduler, a step verifies a request's last draft only if the request ran in
+    the step before (a preempted request's draft is dropped), cut to `budget[req_id]` tokens.
+    """
+
+    def __init__(self, proposer, *, wrapped=False, helper=False):
         self.input_batch = FakeBatch()
         self.requests = {}
-        proposer.load_model(object())  # takes `self` (this runner) from its caller's frame
+        self.drafts = {}  # request id -> the draft returned for it at the last step
+        self.drafts_verified = self.draft_tokens_verified = 0  # what vLLM's metrics would count
+        drafter = WrappingProposer(proposer) if wrapped else proposer
+        if helper:
+            load_through_a_helper(drafter)  # the runner two frames up
+        else:
+            drafter.load_model(object())  # the runner one frame up (two when wrapped)
 
-    def step(self, proposer, rows, sampled):
+    def step(self, proposer, rows, sampled, budget=None):
         """rows: (request id, prompt, output) per row, this step's `sampled` tokens included in output."""
         self.requests = {req_id: None for req_id, _, _ in rows} | {r: None for r in self.requests if r in self.extra_live}
-        self.input_batch.set_rows(rows)
-        return proposer.propose(sampled, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu)
+        spec = [self.drafts.get(req_id, [])[: (budget or {}).get(req_id)] for req_id, _, _ in rows]
+        self.drafts_verified += sum(1 for ids in spec if ids)
+        self.draft_tokens_verified += sum(map(len, spec))
+        self.input_batch.set_rows(rows, spec)
+        out = proposer.propose(sampled, self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu)
+        self.drafts = {req_id: ids for (req_id, _, _), ids in zip(rows, out)}
+        return out
 
     extra_live = ()  # preempted requests: live, not in the batch
 
@@ -119,6 +154,134 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
     assert {key: request.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
+
+
+@pytest.mark.parametrize("wrapped, helper", [(False, False), (False, True), (True, False), (True, True)])
+def test_runner_found_up_the_stack_through_a_wrapper(wrapped, helper):
+    proposer = new_proposer()
+    runner = FakeRunner(proposer, wrapped=wrapped, helper=helper)
+    assert proposer.runner is runner
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    assert proposer.stats.rows_by_content == 0
+
+
+def test_runner_search_is_bounded():
+    def nest(depth):
+        return find_runner(sys._getframe(0), max_frames=3) if depth == 0 else nest(depth - 1)
+
+    class Runner:
+        input_batch, requests = FakeBatch(), {}
+
+        def near(self):
+            return nest(1)  # this frame is the third searched
+
+        def far(self):
+            return nest(3)
+
+    runner = Runner()
+    assert runner.near() is runner and runner.far() is None
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def vllm_log():
+    """What LookupProposer writes to vLLM's log (LOGGER: under "vllm.", which vLLM does not propagate to root)."""
+    records = Records()
+    LOGGER.addHandler(records)
+    try:
+        yield records.messages
+    finally:
+        LOGGER.removeHandler(records)
+
+
+def test_no_runner_warns_once_that_rows_are_matched_by_content(vllm_log):
+    proposer = new_proposer()
+    proposer.load_model(object())  # no runner on this stack
+    assert proposer.runner is None
+    batch = FakeBatch()
+    for output in ([5], [5, 6], [5, 6, 7]):
+        batch.set_rows([("a", A, output)], [[]])
+        proposer.propose([output[-1:]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert proposer.stats.rows_by_content == 3
+    assert len(vllm_log) == 1 and "matched to requests by content" in vllm_log[0] and "no model runner" in vllm_log[0]
+
+
+def test_runner_without_request_ids_warns_once(vllm_log):
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert vllm_log == []  # the runner was found
+    runner.input_batch.req_ids = None
+    batch = runner.input_batch
+    for output in ([5], [5, 6]):
+        batch.token_ids_cpu[0, : len(A) + len(output)] = A + output
+        batch.num_tokens_no_spec[0] = len(A) + len(output)
+        proposer.propose([output[-1:]], batch.num_tokens_no_spec, batch.token_ids_cpu)
+    assert proposer.stats.rows_by_content == 2
+    assert len(vllm_log) == 1 and "req_ids" in vllm_log[0]
+
+
+def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
+    """vLLM drops a preempted request's draft; when it resumes, that draft was never verified."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]]) == [[6, 7, 8, 5], [21, 22, 23, 20]]
+    a = proposer.requests["a"]
+    keep_before = a.sizer.keep_chance(a.match_len)
+    runner.extra_live = ("a",)  # preempted with its draft pending
+    runner.step(proposer, [("b", B, [20, 21])], [[21]])  # b's draft: 0 of 4 accepted
+    runner.extra_live = ()
+    # a resumes: its recomputed prefill samples one token, its old draft was never scheduled
+    runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]])
+    assert proposer.stats.discarded_drafts == 1
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (2, 8)
+    assert proposer.stats.accepted_tokens == 0
+    assert a.sizer.keep_chance(a.match_len) == keep_before  # nothing learnt from the dropped draft
+
+
+@pytest.mark.parametrize("identity", ["auto", "content"])
+def test_draft_dropped_by_preemption_without_spec_token_ids(identity):
+    """Without input_batch.spec_token_ids: a draft counts only if its request ran in the step before."""
+    proposer = new_proposer(row_identity=identity)
+    runner = FakeRunner(proposer)
+    del runner.input_batch.spec_token_ids
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
+    runner.extra_live = ("a",)
+    runner.step(proposer, [("b", B, [20, 21, 22])], [[21, 22]])
+    runner.extra_live = ()
+    runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22, 23])], [[6], [23]])
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens, proposer.stats.accepted_tokens) == (2, 8, 1)
+    assert proposer.stats.discarded_drafts == (1 if identity == "auto" else 0)  # content: "a" came back as a new request
+
+
+def test_step_run_without_the_proposer_does_not_verify_its_draft():
+    """vLLM skips a custom proposer for the whole batch when a row nears max_model_len, and
+    verifies K zero tokens per row instead: our pending draft was not what it verified."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    assert runner.step(proposer, [("a", A, [5])], [[5]]) == [[6, 7, 8, 5]]
+    a = proposer.requests["a"]
+    keep_before = a.sizer.keep_chance(a.match_len)
+    # a step without propose wrote 6 and drafted zeros; this step verified them (none kept) and wrote 7
+    runner.drafts = {"a": [0, 0, 0, 0]}
+    runner.step(proposer, [("a", A, [5, 6, 7])], [[7]])
+    assert (proposer.stats.drafts, proposer.stats.discarded_drafts) == (0, 1)
+    assert a.sizer.keep_chance(a.match_len) == keep_before
+
+
+def test_draft_cut_to_the_step_budget_counts_the_verified_tokens():
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    runner.step(proposer, [("a", A, [5, 6, 7])], [[6, 7]], budget={"a": 2})  # the step verified 2 of 4, kept 1
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens, proposer.stats.accepted_tokens) == (1, 2, 1)
 
 
 def test_preempted_request_keeps_its_drafter():
@@ -282,6 +445,62 @@ def test_engine_args_checks_options_before_an_engine_starts(monkeypatch):
 
 
 # -- with vLLM's engine ------------------------------------------------------------------------
+
+
+def assigned_attributes(cls, method="__init__") -> set:
+    """The `self.<name>` that cls.<method> assigns (its source read, nothing run)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method))))
+    return {target.attr for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self"}
+
+
+def calls_in(cls, method_name, called) -> list:
+    """The calls `*.<called>(...)` in cls.<method_name>, as (positional args, keyword names) source strings."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, method_name))))
+    return [([ast.unparse(a) for a in node.args], [k.arg for k in node.keywords]) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == called]
+
+
+def test_installed_vllm_interface_is_the_one_we_read():
+    """What LookupProposer relies on in the installed vLLM, read from its source; names what moved."""
+    require_vllm()
+    from vllm.v1.spec_decode import custom_class_proposer
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    moved = []
+    # vLLM builds our class itself (the wrapper of one later revision is handled by find_runner)
+    if not (hasattr(custom_class_proposer, "create_custom_proposer") or hasattr(custom_class_proposer, "CustomClassProposer")):
+        moved.append("vllm.v1.spec_decode.custom_class_proposer builds no custom proposer")
+    # the propose call as the runner makes it, bound to our signature
+    expected = (["sampled_token_ids", "self.input_batch.num_tokens_no_spec", "self.input_batch.token_ids_cpu"], ["slot_mappings"])
+    runner_source = inspect.getsource(GPUModelRunner.propose_draft_token_ids)
+    branch = runner_source[runner_source.find('"custom_class"'):]
+    proposes = calls_in(GPUModelRunner, "propose_draft_token_ids", "propose")
+    if '"custom_class"' not in runner_source or expected not in proposes:
+        moved.append(f"GPUModelRunner.propose_draft_token_ids' custom_class call: propose{proposes} (expected {expected}); "
+                     f"source: {branch[:300]!r}")
+    positional, keywords = expected
+    inspect.signature(LookupProposer.propose).bind(None, *positional, **dict.fromkeys(keywords))
+    inspect.signature(LookupProposer.propose).bind(None, **dict.fromkeys(["sampled_token_ids", "num_tokens_no_spec",
+                                                                          "token_ids_cpu", "slot_mappings"]))
+    # load_model is called by the runner (where find_runner looks for it)
+    for runner_class in (GPUModelRunner, CPUModelRunner):
+        if (["self.model"], []) not in calls_in(runner_class, "load_model", "load_model"):
+            moved.append(f"{runner_class.__name__}.load_model no longer calls self.drafter.load_model(self.model): "
+                         f"{calls_in(runner_class, 'load_model', 'load_model')}")
+    # what we read of the runner and its persistent batch
+    missing = {"input_batch", "requests"} - assigned_attributes(GPUModelRunner)
+    if missing:
+        moved.append(f"GPUModelRunner.__init__ no longer sets {sorted(missing)}")
+    batch_fields = assigned_attributes(InputBatch) | {name for name in ("req_ids",) if isinstance(getattr(InputBatch, name, None), property)}
+    missing = {"req_ids", "num_prompt_tokens", "num_tokens_no_spec", "token_ids_cpu", "spec_token_ids"} - batch_fields
+    if missing:
+        moved.append(f"InputBatch no longer has {sorted(missing)}")
+    assert not moved, "vLLM's custom_class interface moved:\n" + "\n".join(moved)
+
 
 MAX_NUM_SEQS = 4
 K = 4

