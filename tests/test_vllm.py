@@ -149,10 +149,10 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     proposer = new_proposer(row_identity="content")
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
-    drafters = {key: request.drafter for key, request in proposer.requests.items()}
+    drafters = {key: request.state.drafter for key, request in proposer.requests.items()}
     # swapped, each with one drafted token accepted
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
-    assert {key: request.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
+    assert {key: request.state.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
 
 
@@ -228,13 +228,18 @@ def test_runner_without_request_ids_warns_once(vllm_log):
     assert len(vllm_log) == 1 and "req_ids" in vllm_log[0]
 
 
+def learnt(request) -> tuple[list, list]:
+    """What a request's keep rate has counted: kept tokens and failures per anchor length."""
+    return request.state.keep_rate.kept.tolist(), request.state.keep_rate.failed.tolist()
+
+
 def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
     """vLLM drops a preempted request's draft; when it resumes, that draft was never verified."""
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     assert runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]]) == [[6, 7, 8, 5], [21, 22, 23, 20]]
     a = proposer.requests["a"]
-    keep_before = a.sizer.keep_chance(a.match_len)
+    keep_before = learnt(a)
     runner.extra_live = ("a",)  # preempted with its draft pending
     runner.step(proposer, [("b", B, [20, 21])], [[21]])  # b's draft: 0 of 4 accepted
     runner.extra_live = ()
@@ -243,7 +248,7 @@ def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
     assert proposer.stats.discarded_drafts == 1
     assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (2, 8)
     assert proposer.stats.accepted_tokens == 0
-    assert a.sizer.keep_chance(a.match_len) == keep_before  # nothing learnt from the dropped draft
+    assert learnt(a) == keep_before  # nothing learnt from the dropped draft
 
 
 @pytest.mark.parametrize("identity", ["auto", "content"])
@@ -268,12 +273,12 @@ def test_step_run_without_the_proposer_does_not_verify_its_draft():
     runner = FakeRunner(proposer)
     assert runner.step(proposer, [("a", A, [5])], [[5]]) == [[6, 7, 8, 5]]
     a = proposer.requests["a"]
-    keep_before = a.sizer.keep_chance(a.match_len)
+    keep_before = learnt(a)
     # a step without propose wrote 6 and drafted zeros; this step verified them (none kept) and wrote 7
     runner.drafts = {"a": [0, 0, 0, 0]}
     runner.step(proposer, [("a", A, [5, 6, 7])], [[7]])
     assert (proposer.stats.drafts, proposer.stats.discarded_drafts) == (0, 1)
-    assert a.sizer.keep_chance(a.match_len) == keep_before
+    assert learnt(a) == keep_before
 
 
 def test_draft_cut_to_the_step_budget_counts_the_verified_tokens():
@@ -358,7 +363,7 @@ def test_load_rule_follows_measured_acceptance():
     long_draft = len(first)
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
-        chain = proposer.requests["a"].chain
+        chain = proposer.requests["a"].state.last.chain.token_ids.tolist()
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
     assert long_draft >= 6 and first == []

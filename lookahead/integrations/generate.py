@@ -57,7 +57,6 @@ class Row:
     context: list[int]  # left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
-    cached: int = 0  # the row's real tokens in the cache
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
-                            [row.cached for row in active], cache.real, uncached=u, dtype=dtype)
+                            cache.real_tokens(), cache.real, uncached=u, dtype=dtype)
         logits, first_logit = _forward(model, block, cache, logits_to_keep, device)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
@@ -209,8 +208,6 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
         if going:
             cache.keep(going, kept_blocks, block.tokens.shape[1])
-            for r, kept_block in zip(going, kept_blocks):
-                active[r].cached += len(kept_block)
         active, first = [active[r] for r in going], False
     return record, cache
 

@@ -393,7 +393,7 @@ class LookupProposer:
             self._retire(key)  # the row no longer extends what we indexed: the id was reused
             request = None
         if request is None:
-            request = _Request(Request(self._new_drafter(), sized=self.options["cost_aware"]))
+            request = _Request(Request(self._new_drafter(), sized=True))  # learnt in either mode; cost_aware decides whether the load rule reads it
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row_index]), n)
             request.state.start(row[:prompt_len])
             request.indexed = prompt_len
