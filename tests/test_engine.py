@@ -124,7 +124,7 @@ def test_tree_steps_keep_exactly_the_accepted_path_in_the_cache():
     out = lookahead.generate(model, torch.tensor([prompt]), drafter=Counting(cost_aware=False), tree=True,
                              max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
     assert any(trees)
-    cache = out.cache
+    cache = cache_of(out)
     kept = cache.get_seq_length()
     assert kept == out.sequences.shape[1] - 1
     with torch.no_grad():

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import transformers
 
 from lookahead import LookupDrafter
 from tests.cases import make_case
@@ -10,11 +11,24 @@ from tests.models import FAMILIES, VOCAB, stories_model, tiny_model
 CASES_PER_FAMILY = 34  # 6 families x 34 = 204 randomized cases, plus the trained model's
 
 
+# Before transformers 5.2x its assisted loop checks the stopping criteria on the input before the
+# first step: a prompt ending in EOS with one new token allowed stops with none (its prompt lookup
+# too), where plain generate writes one. No room is left for a draft to mend it.
+OLD_LOOP = tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 24)
+
+
+def old_loop_stops(case) -> bool:
+    options = case["options"]
+    return OLD_LOOP and options.get("max_new_tokens") == 1 and case["prompt"][-1] == options.get("eos_token_id")
+
+
 def assert_exact(model, case, drafter=None):
     drafter = drafter or LookupDrafter(**case["drafter"])
     input_ids = torch.tensor([case["prompt"]])
     expected = model.generate(input_ids, **case["options"])
     got = model.generate(input_ids, assistant_model=drafter, **case["options"])
+    if old_loop_stops(case) and got.tolist() != expected.tolist():
+        pytest.xfail(f"transformers {transformers.__version__}'s assisted loop stops before the first token after a prompt ending in EOS")
     assert got.tolist() == expected.tolist(), case
     return drafter.stats
 
@@ -39,6 +53,8 @@ def test_cases_exercise_long_accepted_drafts_and_eos_inside_a_draft():
         model = tiny_model(family)
         for seed in range(CASES_PER_FAMILY):
             case = make_case(model, seed, VOCAB)
+            if old_loop_stops(case):
+                continue
             stats = assert_exact(model, case)
             longest_accept = max([longest_accept, *stats.accepted_per_step])
             accepted += stats.accepted

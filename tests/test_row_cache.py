@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lookahead.draft import Draft
-from lookahead.integrations.hf import new_cache
+from lookahead.integrations.hf import cache_inputs, new_cache
 from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.verify import build_block
 from tests.models import VOCAB, stories_model, tiny_model
@@ -68,7 +68,7 @@ def test_each_rows_real_slots_equal_a_fresh_forward_of_its_kept_tokens_after_eve
             block = build_block([contexts[r] for r in active], drafts, [pads[r] if first else 0 for r in active],
                                 [cached[r] for r in active], cache.real, uncached=u, dtype=model.dtype)
             extra = {} if block.attention is None else dict(attention_mask=block.attention, position_ids=block.positions)
-            model(input_ids=block.tokens, cache=cache.cache, use_cache=True, **extra)
+            model(input_ids=block.tokens, **cache_inputs(model, cache.cache), **extra)
             going, kept_blocks = [], []
             for i, r in enumerate(active):
                 path = kept_path(rng, block, i)
@@ -102,7 +102,7 @@ def test_a_single_row_never_has_holes():
             block = build_block([context], [draft], [0], [cached], cache.real, uncached=u, dtype=model.dtype)
             assert (block.attention is None) == (not block.is_tree)  # chains: the model's own causal mask
             extra = {} if block.attention is None else dict(attention_mask=block.attention, position_ids=block.positions)
-            model(input_ids=block.tokens, cache=cache.cache, use_cache=True, **extra)
+            model(input_ids=block.tokens, **cache_inputs(model, cache.cache), **extra)
             path = kept_path(rng, block, 0)
             tokens += [block.ids[0][e] for e in list(range(u)) + path]
             context += [block.ids[0][e] for e in path] + [rng.randrange(3, VOCAB)]
