@@ -33,7 +33,7 @@ def loop_costs(model) -> LoopCosts:
 
 
 def tree_cost_16(model) -> float:
-    """Time of a forward pass over a 16-node tree (explicit 4D mask, as the engine verifies
+    """Time of a forward pass over a 16-node tree (explicit 4D mask, as our loop verifies
     trees) relative to one token: what a tree step really costs, mask path included."""
     times = _calibrate(model)
     return float(times["tree16"] / times["chain"][0])

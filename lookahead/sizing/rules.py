@@ -102,9 +102,9 @@ def _rows(keep_chances, lengths) -> tuple[np.ndarray, np.ndarray]:
     return chances, lengths
 
 
-# -- static batches (our engine: rows right-padded to one block width, until the last row ends) --
+# -- static batches (our loop: rows right-padded to one block width, until the last row ends) --
 #
-# Our engine verifies B rows as one (B, W) block: each row's own token and draft, right-padded
+# Our loop verifies B rows as one (B, W) block: each row's own token and draft, right-padded
 # to the widest. A step costs F + p*B*W whatever the rows hold, and the batch runs until its
 # last row ends, each row leaving the block as it ends. With h = F / p, the batch's
 # remaining time is about h * (its steps) + (the places its rows take in them). A step
