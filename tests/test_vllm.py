@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from lookahead.sizing.cost import StepCostFit
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -372,15 +373,15 @@ def test_load_rule_follows_measured_acceptance():
 def test_step_costs_measured_between_calls():
     proposer = LookupProposer(fake_config(k=4))
     runner = FakeRunner(proposer)
-    assert proposer.step_costs is not None and proposer.step_costs.samples == 0
+    assert isinstance(proposer.cost, StepCostFit) and proposer.cost.samples == 0
     output = [5]
     for _ in range(3):  # the same request, one token a step: steps the fit can use
         runner.step(proposer, [("a", A, output)], [[output[-1]]])
         output = output + [9]
-    assert proposer.step_costs.samples == 2
+    assert proposer.cost.samples == 2
     runner.step(proposer, [("a", A, output), ("b", B, [20])], [[9], [20]])  # "b" joined: its prefill ran in the step
-    assert proposer.step_costs.samples == 2
-    assert LookupProposer(fake_config(fixed_cost_tokens=32)).step_costs is None  # fixed: nothing measured
+    assert proposer.cost.samples == 2
+    assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, StepCostFit)  # fixed: nothing measured
 
 
 # -- options -----------------------------------------------------------------------------------

@@ -209,8 +209,8 @@ class LookupProposer:
         hf_config = getattr(vllm_config.model_config, "hf_config", None)
         self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
         fixed = options["fixed_cost_tokens"]
-        self.step_costs = StepCostFit(PRIOR_FIXED_COST_TOKENS) if fixed is None else None
-        self.fixed_cost_tokens = float(fixed) if fixed is not None else PRIOR_FIXED_COST_TOKENS
+        # the step's cost: learnt from the time between calls, or the fixed line the option gives
+        self.cost = StepCostFit(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         self.requests: dict = {}  # request id (or content key) -> _Request
@@ -279,7 +279,7 @@ class LookupProposer:
             self.stats.cut_tokens += len(chain) - size
 
         self.stats.steps += 1
-        self.stats.fixed_cost_tokens = self.fixed_cost_tokens
+        self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.memory_tokens = len(self.memory) if self.memory is not None else 0
         if self.options["stats_path"]:
             self.write_stats()
@@ -297,7 +297,7 @@ class LookupProposer:
         if not self.options["cost_aware"]:
             return lengths
         chances = [request.state.keep_chance(chain) for request, chain in chains]
-        return batch_draft_sizes(chances, lengths, cost=LineCost(self.fixed_cost_tokens))
+        return batch_draft_sizes(chances, lengths, cost=self.cost)
 
     def _measure_step(self, keys, sampled, new_keys, now) -> None:
         """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
@@ -306,13 +306,12 @@ class LookupProposer:
         in the step), left, or sat in a prefill chunk.
         """
         last, self._last_step = self._last_step, None
-        if self.step_costs is None or last is None or new_keys:
+        if not isinstance(self.cost, StepCostFit) or last is None or new_keys:
             return
         decode_keys, tokens, returned = last
         if any(not s for s in sampled) or list(keys) != decode_keys:
             return
-        self.step_costs.observe(1, tokens, now - returned)
-        self.fixed_cost_tokens = self.step_costs.fixed_cost_tokens
+        self.cost.observe(1, tokens, now - returned)
 
     # -- rows -> requests ----------------------------------------------------------------------
 
