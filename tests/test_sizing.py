@@ -152,6 +152,22 @@ def test_measured_wide_blocks_are_not_smoothed_and_noise_is_no_cost():
     assert costs.relative()[32] == pytest.approx((0.8 * 0.30 + 0.2 * 0.10) / 0.10)
 
 
+def test_each_width_is_priced_by_its_own_steps():
+    # float32 on a CPU: the BLAS picks a kernel per shape, so 3 tokens can cost more than 4
+    costs = StepCosts(SECONDS)
+    for width, seconds in [(1, 0.10), (3, 0.30), (4, 0.20), (8, 0.18)]:
+        costs.observe(1, width, seconds)
+    relative = costs.relative()
+    assert relative[3] == pytest.approx(3.0) and relative[4] == pytest.approx(2.0)
+    assert relative[2] == pytest.approx(1.0)  # unseen: as the seen narrower one plus the calibration's extra (none)
+    assert relative[6] == pytest.approx(1.8)  # unseen: never dearer than a seen wider block
+    sizer = KeepRate(max_ngram=8)
+    for _ in range(10):
+        sizer.observe(8, list(range(16)), 16, list(range(17)), 0)  # drafts are kept
+    assert size(sizer, 8, 2, costs) == 1  # 2 drafted tokens would take the dear width 3
+    assert size(sizer, 8, 7, costs) == 7  # the cheap width 8 is found between the powers of two
+
+
 def test_the_sizer_follows_the_step_times_it_is_taught():
     costs, sizer = StepCosts(np.array([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4])), KeepRate(max_ngram=8)  # every token costs
     for _ in range(10):

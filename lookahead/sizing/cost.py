@@ -5,7 +5,7 @@ plain one-row step (1 at (1, 1)); `fixed_cost_tokens` is h = F / p of the step t
 F + p * tokens: how many verified tokens cost as much as the step's fixed part.
 
 - `CostCurve`: a fixed relative curve costs[n] over n tokens (`cost_curve`; `verify_costs`).
-- `StepCosts`: that curve learnt from a loop's own one-row steps, seeded by a calibration.
+- `StepCosts`: that curve learnt width by width from a loop's own one-row steps, seeded by a calibration.
 - `LineCost`: the line F + p * rows * width at a fixed h; `StepCostFit` learns h from steps.
 - `LoopCosts`: what our loop prices with: the measured curve for one row, the fitted line for many.
 """
@@ -67,21 +67,24 @@ class CostCurve:
 
 
 class StepCosts(CostCurve):
-    """A cost curve learnt from the loop's own one-row steps.
+    """A cost curve learnt from the loop's own one-row steps, width by width.
 
-    Seeded with calibrated seconds per block width at SIZES. Each step the loop reports
-    (width, seconds); the nearest SIZES entry (in log scale) keeps an exponential average.
-    A width not yet seen is estimated from the nearest seen narrower one plus the
-    calibration's extra seconds between the two: a wider block adds compute, which the
-    context length barely changes, while a plain step's time grows with the context (so a
-    calibration at a short context overprices wide blocks relative to one token).
-    No monotone smoothing: a wider block measured cheaper stays cheaper, and one within
-    NOISE of a narrower block's cost is priced as that narrower block, so the sizer
-    verifies the wider one.
+    Seeded with calibrated seconds at SIZES (linear in between). Each step the loop reports
+    (width, seconds) and that width keeps an exponential average: block costs are not
+    smooth in the width (float32 on a CPU, measured at a 0.5B shape: 3 tokens cost 3.0x one,
+    4 cost 2.0x, 8 cost 1.8x: the BLAS picks a kernel per shape), so a width is priced by
+    its own steps. A width not yet seen is the nearest seen narrower one plus the
+    calibration's extra seconds between the two (a wider block adds compute, which the
+    context length barely changes, while a plain step's time grows with the context), and
+    never dearer than a seen wider one (it computes less). No monotone smoothing: a wider
+    block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
+    priced as that narrower block, so the sizer verifies the wider one.
+
+    Cost: O(64) per observed step (numpy, and a pass over the seen widths for NOISE).
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
-        decay: weight of the old average when a step is observed.
+        decay: weight of the old average when a width is observed again.
     """
 
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
@@ -90,36 +93,44 @@ class StepCosts(CostCurve):
         self.seed = np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
         if self.seed.shape != (len(SIZES),) or not (self.seed > 0).all():
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
-        self.seconds = self.seed.copy()  # (len(SIZES),) learnt seconds where seen
-        self.seen = np.zeros(len(SIZES), dtype=bool)
+        widths = np.arange(SIZES[-1] + 1)
+        self.calibrated = np.interp(widths, SIZES, self.seed)  # (65,) seconds per width (index 0 unused)
+        self.seconds = self.calibrated.copy()  # (65,) learnt seconds where seen
+        self.seen = np.zeros(widths.shape[0], dtype=bool)
         self.decay = decay
         super().__init__(self.relative())
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
-        """Learns from a one-row step over `width` tokens that took `seconds` (other shapes are not on the curve)."""
+        """Learns from a one-row step over `width` tokens (beyond 64: as 64) that took `seconds`
+        (other shapes are not on the curve)."""
         if rows != 1:
             return
-        i = min(int(round(np.log2(max(width, 1)))), len(SIZES) - 1)
-        self.seconds[i] = seconds if not self.seen[i] else self.decay * self.seconds[i] + (1 - self.decay) * seconds
-        self.seen[i] = True
+        w = min(max(width, 1), SIZES[-1])
+        self.seconds[w] = seconds if not self.seen[w] else self.decay * self.seconds[w] + (1 - self.decay) * seconds
+        self.seen[w] = True
         self.costs, self._fixed = self.relative(), None
 
     def relative(self) -> np.ndarray:
-        """costs[n], n in 0..64, relative to a plain step (cost_curve)."""
-        estimate = self.seconds.copy()
-        seen = np.flatnonzero(self.seen)
-        for i in np.flatnonzero(~self.seen):
-            below, above = seen[seen < i], seen[seen > i]
-            anchor = below[-1] if below.size else above[0] if above.size else None
-            if anchor is not None:  # the anchor's measured time plus the calibrated extra of the wider block
-                estimate[i] = max(self.seconds[anchor] + self.seed[i] - self.seed[anchor], 1e-9)
-        level = estimate[0]
-        for i in range(1, len(SIZES)):
-            if estimate[i] <= level * (1 + self.NOISE):
-                estimate[i] = min(estimate[i], level)  # within noise of a narrower block: no dearer
+        """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
+        last = SIZES[-1]
+        widths = np.arange(last + 1)
+        seen = self.seen.copy()
+        seconds = self.seconds.copy()
+        level = None
+        for w in np.flatnonzero(seen).tolist():  # seen widths, narrow to wide
+            if level is not None and seconds[w] <= level * (1 + self.NOISE):
+                seconds[w] = min(seconds[w], level)  # within noise of a narrower seen block: no dearer
             else:
-                level = estimate[i]
-        return cost_curve(estimate / estimate[0])
+                level = seconds[w]
+        below = np.maximum.accumulate(np.where(seen, widths, 0))  # nearest seen width <= w (0: none)
+        above = np.minimum.accumulate(np.where(seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
+        anchor = np.where(below > 0, below, np.where(above <= last, above, widths))
+        estimate = seconds[anchor] + self.calibrated - self.calibrated[anchor]
+        capped = above <= last
+        estimate[capped] = np.minimum(estimate[capped], seconds[above[capped]])
+        estimate = np.maximum(estimate, 1e-9)
+        estimate[0] = estimate[1]
+        return estimate / estimate[1]
 
 
 class LineCost:
