@@ -34,11 +34,12 @@ def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> 
     """
     if chain_size == 0:
         return 0
-    limit = cost.cost(rows, chain_size + 1)
-    nodes = max_tree_nodes
-    while nodes > chain_size and cost.cost(rows, nodes + 1) > limit:
-        nodes -= 1
-    return nodes
+    if max_tree_nodes <= chain_size:
+        return max_tree_nodes
+    nodes = np.arange(chain_size, max_tree_nodes + 1)
+    affordable = cost.cost(rows, nodes + 1) <= cost.cost(rows, chain_size + 1)
+    affordable[0] = True  # the chain's own size
+    return int(nodes[np.flatnonzero(affordable)[-1]])
 
 
 # -- batched steps (a serving engine: many rows verified in one forward pass) ----------------
@@ -153,7 +154,6 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
         [6, 6]
     """
     chances, lengths = _rows(keep_chances, lengths)
-    fixed_cost_tokens = cost.fixed_cost_tokens
     remaining, rates = np.asarray(remaining, dtype=np.float64), np.asarray(rates, dtype=np.float64)
     if remaining.shape != chances.shape or rates.shape != chances.shape:
         raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
@@ -162,6 +162,9 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
     rows = chances.shape[0]
     if rows == 0 or lengths.max(initial=0) == 0:
         return [0] * rows
+    if rows == 1:  # M(W) = G(W) - 1: the worth is (h + 1) G(W), chain_size's choice (no fit of h read)
+        return [chain_size(float(chances[0]), int(lengths[0]), cost)]
+    fixed_cost_tokens = cost.fixed_cost_tokens
     behind = steps >= steps.max() - 1  # the rows that would end on the batch's last step
     drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
     depth = np.minimum(drafted[:, None], lengths[None, :])  # (widths, rows): tokens of row r verified
