@@ -72,6 +72,7 @@ class TransformersAssistant:
         self.costs = None  # its StepCosts (one row), when cost_aware and the target is known
         self.step_started = None  # (perf_counter, block width) of the last step, timed when it follows the prefill
         self.stop_strings: list[StopStringCriteria] = []  # the request's, from the loop's stopping criteria
+        self.placeholder = None  # the (1, 1) scores offered with greedy drafts
 
     # -- attributes transformers reads ------------------------------------------------------
 
@@ -172,13 +173,14 @@ class TransformersAssistant:
         self.step_started = (time.perf_counter(), len(draft) + 1) if not new_request else None
 
         device = input_ids.device
-        candidates = torch.tensor(draft.token_ids.tolist(), dtype=input_ids.dtype, device=device)[None, :]
+        candidates = torch.tensor(draft.token_ids, dtype=input_ids.dtype, device=device)[None, :]  # from the array: no Python list
         sequences = torch.cat((input_ids, candidates), dim=1)
         if sampling:
             scores = one_hot_scores(candidates[0], self.target_vocab_size, device)
-        else:
-            placeholder = torch.zeros((1, 1), device=device)
-            scores = (placeholder,) * max(1, len(draft))
+        else:  # never read for greedy (transformers stacks them): one placeholder per device, made once
+            if self.placeholder is None or self.placeholder.device != device:
+                self.placeholder = torch.zeros((1, 1), device=device)
+            scores = (self.placeholder,) * max(1, len(draft))
         return SimpleNamespace(sequences=sequences, scores=scores, cache=None, past_key_values=None)  # the cache's two names
 
     def _draft(self, request: Request, input_ids, room: int) -> tuple[Draft, int, Draft]:
