@@ -299,6 +299,7 @@ def main() -> None:
         r["speedup"] = r["tokens_per_s"] / (base["tokens"] / base["seconds"]) if base else None
         r["exact"] = r["outputs"] == base["outputs"] if base else None
         r["accepted_per_draft"] = r["accepted_tokens"] / r["drafts"] if r["drafts"] else 0.0
+        r["from_drafts"] = r["accepted_tokens"] / r["tokens"]  # the share of output tokens that were drafted and kept
     for r in rows:
         del r["outputs"]
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
@@ -308,13 +309,13 @@ def main() -> None:
     print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
           f"async scheduling off for: {', '.join(synced) or 'none of them'}")
     print("| concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
-          "| trace | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| output tokens from drafts | trace | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["concurrency"]):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
         print(f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} | {r['draft_tokens']} "
-              f"| {r['accepted_per_draft']:.2f} | {'yes' if r['trace'] else 'NO'} | {exact} |")
+              f"| {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {'yes' if r['trace'] else 'NO'} | {exact} |")
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: this module is imported again there, as the plugin too
