@@ -114,8 +114,8 @@ class StepCosts(CostCurve):
         """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
         last = SIZES[-1]
         widths = np.arange(last + 1)
-        seen = self.seen.copy()
-        seconds = self.seconds.copy()
+        seen = self.seen
+        seconds = self.seconds.copy()  # noise-levelled below
         level = None
         for w in np.flatnonzero(seen).tolist():  # seen widths, narrow to wide
             if level is not None and seconds[w] <= level * (1 + self.NOISE):
