@@ -80,15 +80,18 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
         keys[r, slots + skip : slots + len(row)] = True
     if not is_tree:
         return Block(tokens, positions, keys.long(), ids, parents, skips, u, False)
-    visible = torch.zeros((rows, width, slots + width), dtype=torch.bool)  # (rows, queries, keys)
-    visible[:, :, :slots] = real[:, None, :]
+    # Every query sees the row's real cached slots; within the block, its ancestors and itself.
+    visible = torch.zeros((rows, width, width), dtype=torch.bool)  # (rows, queries, block keys)
     for r, (row, draft) in enumerate(zip(ids, drafts)):
         m = len(row)
-        visible[r, :m, slots : slots + m] = tree_visibility(u, draft.parents)
-        visible[r, :, slots:] &= keys[r, slots:]  # no key of padding or fill
-    visible[:, torch.arange(width), slots + torch.arange(width)] = True  # every query sees itself (fill included)
+        visible[r, :m, :m] = tree_visibility(u, draft.parents)
+    visible &= keys[:, None, slots:]  # no key of padding or fill
+    visible[:, torch.arange(width), torch.arange(width)] = True  # every query sees itself (fill included)
     attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
-    attention.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
+    low = torch.finfo(dtype).min
+    if not bool(real.all()):  # holes or padding in the cache (one row without them: nothing to mask there)
+        attention[:, 0, :, :slots].masked_fill_(~real[:, None, :], low)
+    attention[:, 0, :, slots:].masked_fill_(~visible, low)
     return Block(tokens, positions, attention, ids, parents, skips, u, True)
 
 
