@@ -19,7 +19,8 @@ from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
-    SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, read_traces, shape_for,
+    SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, parse_sizes, read_traces,
+    shape_for,
 )
 
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
@@ -49,7 +50,7 @@ class FollowRows(LogitsProcessor):
 
 def run_batch_bench(args) -> int:
     """Runs `lookahead bench --batch`; 0 when every batch is exact (or there are no traces: skipped)."""
-    sizes = parse_batch_sizes(args.batch)
+    sizes = parse_sizes(args.batch, option="--batch", least=1, example="1,4,16")
     paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
     if not paths:
         print(f"lookahead bench --batch: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
@@ -93,16 +94,6 @@ def run_batch_bench(args) -> int:
 def _x(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
-
-def parse_batch_sizes(spec: str) -> list[int]:
-    """--batch: a comma list of batch sizes >= 1, e.g. 1,4,16."""
-    try:
-        sizes = [int(s) for s in spec.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"--batch takes a comma list of batch sizes >= 1, e.g. 1,4,16, got {spec!r}")
-    return sizes
 
 
 def bench_batches(model, tasks: list[Task], sizes: list[int], *, repeats: int = 1) -> list[dict]:

@@ -26,20 +26,12 @@ from lookahead import DocumentLibrary, LookupDrafter
 from lookahead.bench.e2e import PLD, bench_model, methods, spread
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
-from lookahead.bench.traces import SHARED_TRACES, Task, build_model, describe, forced_trace_task, parse_dtypes, read_traces, shape_for
+from lookahead.bench.traces import (
+    SHARED_TRACES, Task, build_model, describe, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for,
+)
 
 VARIANTS = ("prompt", "documents")
 
-
-def parse_contexts(spec: str) -> list[int]:
-    """--context: a comma list of token counts >= 0, e.g. 8192,16384,32768."""
-    try:
-        sizes = [int(s) for s in spec.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 0:
-        raise ValueError(f"--context takes a comma list of context sizes in tokens >= 0, e.g. 8192,16384,32768, got {spec!r}")
-    return sizes
 
 
 def material_pool(per_file: dict, skip: int) -> list[list[int]]:
@@ -82,7 +74,7 @@ def context_methods(documents: list[list[int]] | None):
 
 def run_long_context(args) -> int:
     """Runs `lookahead bench --context`; 0 when every output is exact (or there are no traces: skipped)."""
-    contexts = parse_contexts(args.context)
+    contexts = parse_sizes(args.context, option="--context", least=0, example="8192,16384,32768")
     paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
     if not paths:
         print(f"lookahead bench --context: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)

@@ -69,6 +69,17 @@ def forced_trace_task(request, max_new_tokens: int) -> Task:
     return Task(request.prompt.tolist(), reference, eos, len(reference))
 
 
+def parse_sizes(spec: str, *, option: str, least: int, example: str) -> list[int]:
+    """A comma list of integers >= `least` given to `option` (--batch 1,4,16; --context 8192,16384)."""
+    try:
+        sizes = [int(s) for s in spec.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < least:
+        raise ValueError(f"{option} takes a comma list of integers >= {least}, e.g. {example}, got {spec!r}")
+    return sizes
+
+
 def parse_dtypes(spec: str | None, *, device: str, traces: bool) -> list[torch.dtype]:
     """--dtype: float32, bfloat16, auto, or a comma list of them; duplicates dropped, order kept."""
     if spec is None:
