@@ -150,14 +150,15 @@ def build_model(path: Path, *, hidden: int = 256, layers: int = 2) -> None:
 def load_traces(folder: Path, count: int, *, max_prompt_tokens: int, max_tokens: int) -> list[list]:
     """`count` [prompt, continuation cut to max_tokens] pairs, the *.dev.jsonl files of `folder` in turn,
     prompts of at most max_prompt_tokens tokens, no prompt twice, continuations of at least 2 tokens."""
+    from lookahead.bench.replay import load_trace  # in this process only: see the plugin's note above
+
     files = sorted(folder.glob("*.dev.jsonl"))
     if not files:
         raise SystemExit(f"no *.dev.jsonl traces in {folder} (see ../shared/README.md)")
     kept = []
     for f in files:
-        records = (json.loads(line) for line in f.open())
-        kept.append([[r["prompt_token_ids"], r["generated_token_ids"][:max_tokens]] for r in records
-                     if len(r["prompt_token_ids"]) <= max_prompt_tokens and len(r["generated_token_ids"]) >= 2])
+        kept.append([[r.prompt.tolist(), r.output[:max_tokens].tolist()] for r in load_trace(f)
+                     if len(r.prompt) <= max_prompt_tokens and len(r.output) >= 2])
     traces, seen = [], set()
     for i in range(max(map(len, kept))):
         for pairs in kept:
