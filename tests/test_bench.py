@@ -190,9 +190,9 @@ def test_batch_bench_rows_are_exact_per_batch_size_and_dtype(tiny, tmp_path, cap
 
 
 def test_batch_bench_skips_without_traces_and_refuses_bad_sizes(tmp_path, capsys, monkeypatch):
-    from lookahead.bench import batched
+    from lookahead.bench import traces
 
-    monkeypatch.setattr(batched, "SHARED_TRACES", tmp_path / "absent")
+    monkeypatch.setattr(traces, "SHARED_TRACES", tmp_path / "absent")  # where every trace mode looks (traces.trace_paths)
     assert main(["bench", "--batch", "1,4"]) == 0
     assert "skipped" in capsys.readouterr().err
     assert main(["bench", "--batch", "0,4"]) == 2

@@ -19,8 +19,7 @@ from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
-    SHARED_TRACES, Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, parse_sizes, read_traces,
-    shape_for,
+    Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for, trace_paths,
 )
 
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
@@ -51,9 +50,8 @@ class FollowRows(LogitsProcessor):
 def run_batch_bench(args) -> int:
     """Runs `lookahead bench --batch`; 0 when every batch is exact (or there are no traces: skipped)."""
     sizes = parse_sizes(args.batch, option="--batch", least=1, example="1,4,16")
-    paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    paths = trace_paths(args, "--batch")
     if not paths:
-        print(f"lookahead bench --batch: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
         return 0
     max_new = args.max_new_tokens
     prompt_tokens = args.prompt_tokens or DEFAULT_PROMPT_TOKENS

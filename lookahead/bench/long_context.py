@@ -16,7 +16,6 @@ attention matrix, so past ~4k tokens each request takes minutes here (16k at the
 about 8 minutes per request for the four methods, under load); 8k-32k is a GPU workload.
 """
 
-import sys
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from lookahead.bench.e2e import PLD, bench_model, methods, spread
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.traces import (
-    SHARED_TRACES, Task, build_model, describe, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for,
+    Task, build_model, describe, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for, trace_paths,
 )
 
 VARIANTS = ("prompt", "documents")
@@ -75,9 +74,8 @@ def context_methods(documents: list[list[int]] | None):
 def run_long_context(args) -> int:
     """Runs `lookahead bench --context`; 0 when every output is exact (or there are no traces: skipped)."""
     contexts = parse_sizes(args.context, option="--context", least=0, example="8192,16384,32768")
-    paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    paths = trace_paths(args, "--context")
     if not paths:
-        print(f"lookahead bench --context: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
         return 0
     vocab = TRACE_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
     per_file = read_traces(list(paths), None, vocab)

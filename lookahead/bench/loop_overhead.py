@@ -13,14 +13,12 @@ method's steps are those at the real vocabulary. The work outside the forward th
 with the vocabulary (argmax over logits, copies of them, processors) is priced at U.
 """
 
-import sys
-
 import numpy as np
 import torch
 
 from lookahead.bench.e2e import PLD, bench_model, select_methods
 from lookahead.bench.tables import format_table, json_report
-from lookahead.bench.traces import SHARED_TRACES, Task, build_model, forced_trace_task, parse_dtypes, read_traces
+from lookahead.bench.traces import Task, build_model, forced_trace_task, parse_dtypes, read_traces, trace_paths
 
 # Forward well under a millisecond on one CPU thread: 1 layer, hidden 64.
 OVERHEAD_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -28,9 +26,8 @@ OVERHEAD_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1
 
 def run_loop_overhead(args) -> int:
     """Runs `lookahead bench --loop-overhead`; 0 when every output is exact (or there are no traces: skipped)."""
-    paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    paths = trace_paths(args, "--loop-overhead")
     if not paths:
-        print(f"lookahead bench --loop-overhead: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
         return 0
     device = "cuda" if torch.cuda.is_available() else "cpu"
     (dtype, *more) = parse_dtypes(args.dtype, device=device, traces=False)

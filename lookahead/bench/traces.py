@@ -9,6 +9,7 @@
   its candidates through the processors) runs as it does for a user.
 """
 
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,14 @@ def forced_trace_task(request, max_new_tokens: int) -> Task:
     if eos in reference:
         reference = reference[: reference.index(eos) + 1]
     return Task(request.prompt.tolist(), reference, eos, len(reference))
+
+
+def trace_paths(args, mode: str) -> list[Path]:
+    """--traces, else ../shared/traces/*.jsonl; none (shared/ absent): [] and one line on stderr saying `mode` is skipped."""
+    paths = args.traces or sorted(SHARED_TRACES.glob("*.jsonl"))
+    if not paths:
+        print(f"lookahead bench {mode}: skipped: no trace files ({SHARED_TRACES} is absent; pass --traces FILE...)", file=sys.stderr)
+    return paths
 
 
 def parse_sizes(spec: str, *, option: str, least: int, example: str) -> list[int]:
