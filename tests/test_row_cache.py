@@ -33,12 +33,12 @@ def kept_path(rng: random.Random, block, r: int) -> list[int]:
 
 
 def assert_rows_hold_their_tokens(model, cache: RowCache, rows: list[list[int]]):
-    slots = cache.real.sum(dim=1).tolist()
+    slots = cache.real_tokens()
     with torch.no_grad():
         for r, tokens in enumerate(rows):
             assert slots[r] == len(tokens)
             fresh = model(torch.tensor([tokens]), use_cache=True).past_key_values
-            real = cache.real[r].nonzero()[:, 0]
+            real = cache.slots()[r].nonzero()[:, 0]
             for layer, fresh_layer in zip(cache.cache.layers, fresh.layers):
                 torch.testing.assert_close(layer.keys[r, :, real], fresh_layer.keys[0], atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(layer.values[r, :, real], fresh_layer.values[0], atol=1e-4, rtol=1e-4)
@@ -65,8 +65,9 @@ def test_each_rows_real_slots_equal_a_fresh_forward_of_its_kept_tokens_after_eve
         while active and steps < 12:
             drafts = [random_draft(rng, tree and not first, vocab) for _ in active]
             u = width if first else 1
-            block = build_block([contexts[r] for r in active], drafts, [pads[r] if first else 0 for r in active],
-                                [cached[r] for r in active], cache.real, uncached=u, dtype=model.dtype)
+            assert cache.real_tokens() == [cached[r] for r in active]
+            block = build_block([contexts[r] for r in active], drafts, [pads[r] if first else 0 for r in active], cache,
+                                uncached=u, dtype=model.dtype)
             extra = {} if block.attention is None else dict(attention_mask=block.attention, position_ids=block.positions)
             model(input_ids=block.tokens, **cache_inputs(model, cache.cache), **extra)
             going, kept_blocks = [], []
@@ -99,7 +100,7 @@ def test_a_single_row_never_has_holes():
         for step in range(8):
             u = len(context) - cached
             draft = random_draft(rng, step > 0, VOCAB)
-            block = build_block([context], [draft], [0], [cached], cache.real, uncached=u, dtype=model.dtype)
+            block = build_block([context], [draft], [0], cache, uncached=u, dtype=model.dtype)
             assert (block.attention is None) == (not block.is_tree)  # chains: the model's own causal mask
             extra = {} if block.attention is None else dict(attention_mask=block.attention, position_ids=block.positions)
             model(input_ids=block.tokens, **cache_inputs(model, cache.cache), **extra)
@@ -108,5 +109,5 @@ def test_a_single_row_never_has_holes():
             context += [block.ids[0][e] for e in path] + [rng.randrange(3, VOCAB)]
             cache.keep([0], [list(range(u)) + path], block.tokens.shape[1])
             cached = len(tokens)
-            assert bool(cache.real.all()) and len(cache) == cached == cache.cache.get_seq_length()
+            assert cache.real is None and len(cache) == cached == cache.cache.get_seq_length()
     assert_rows_hold_their_tokens(model, cache, [tokens])

@@ -179,7 +179,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
-                            cache.real_tokens(), cache.real, uncached=u, dtype=dtype)
+                            cache, uncached=u, dtype=dtype)
         logits, first_logit = _forward(model, block, cache, logits_to_keep, device)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds

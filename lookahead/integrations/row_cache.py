@@ -6,7 +6,8 @@ and masked in every step (verify.build_block). After a step only the block's tai
 each row's kept entries are packed to the block's front (a gather over the last W slots)
 and the cache is cut after the longest; the whole cache is gathered back to left-padded
 rows without holes only when rows leave (they stop costing compute at once) or holes pass
-a quarter of it. A single row never has holes.
+a quarter of it. A single row never has holes: while no row has any, nothing is marked
+(`real` is None) and a step's bookkeeping is a crop or a tail gather.
 """
 
 import torch
@@ -15,7 +16,8 @@ from lookahead.integrations.hf import drop_cache_tail, gather_cache_rows, gather
 
 
 class RowCache:
-    """A transformers cache over `rows` rows, and `real`: (rows, S) bools, slot s of row r holds one of its tokens.
+    """A transformers cache over `rows` rows, and `real`: (rows, S) bools, slot s of row r holds one of its
+    tokens (None: every slot of every row does).
 
     Example (a cache with no layers shows the bookkeeping alone):
         >>> from transformers import DynamicCache
@@ -24,54 +26,61 @@ class RowCache:
         >>> cache.real.int().tolist()
         [[0, 1, 1], [0, 0, 1]]
         >>> cache.keep([1], [[0, 1]], width=2)  # row 0 ended; row 1 kept its own token and one drafted
-        >>> cache.real.int().tolist(), len(cache)
-        ([[1, 1, 1]], 3)
+        >>> cache.real, len(cache)  # one row left, compacted: no holes
+        (None, 3)
     """
 
     def __init__(self, cache, rows: int):
         self.cache = cache
-        self.real = torch.zeros((rows, 0), dtype=torch.bool)  # (rows, S)
+        self.rows = rows
+        self.length = 0  # S
+        self.real: torch.Tensor | None = None
 
     def __len__(self) -> int:
-        return self.real.shape[1]
+        return self.length
 
     def real_tokens(self) -> list[int]:
         """Per row, its real tokens in the cache."""
-        return self.real.sum(dim=1).tolist()
+        return [self.length] * self.rows if self.real is None else self.real.sum(dim=1).tolist()
+
+    def slots(self) -> torch.Tensor:
+        """(rows, S) bools: `real`, with every slot marked where it is None."""
+        return torch.ones((self.rows, self.length), dtype=torch.bool) if self.real is None else self.real
 
     def keep(self, going: list[int], kept_blocks: list[list[int]], width: int) -> None:
         """After a step over `width` block slots: keeps the rows `going` (indices among the step's rows) and, of row
-        going[i]'s block, the entries kept_blocks[i] (ascending; the step's block holds them at S + entry)."""
-        start = self.real.shape[1]  # the block's first slot
-        longest = max(len(kept) for kept in kept_blocks)
-        contiguous = all(kept[-1] - kept[0] + 1 == len(kept) for kept in kept_blocks if kept)
-        if contiguous and len(going) == self.real.shape[0]:  # chains: the kept entries stay where they are
-            end = max(kept[-1] + 1 for kept in kept_blocks)
-            block = torch.zeros((len(going), end), dtype=torch.bool)
-            for i, kept in enumerate(kept_blocks):
-                block[i, kept[0] : kept[-1] + 1] = True
-            drop_cache_tail(self.cache, width - end)
-            self.real = torch.cat([self.real, block], dim=1)
-        elif len(going) == self.real.shape[0]:  # trees: each row's path packed to the block's front
-            index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, slots): offsets in the block
-            block = torch.zeros((len(going), longest), dtype=torch.bool)
-            for i, kept in enumerate(kept_blocks):
-                index[i, : len(kept)] = torch.tensor(kept)
-                block[i, : len(kept)] = True
-            gather_cache_tail(self.cache, start, index)
-            self.real = torch.cat([self.real, block], dim=1)
-        else:
-            self.real = torch.cat([self.real, torch.zeros((self.real.shape[0], width), dtype=torch.bool)], dim=1)
+        going[i]'s block, the entries kept_blocks[i] (ascending, never empty; the step's block holds them at S + entry)."""
+        if len(going) < self.rows:  # rows left: every row's real slots gathered to the front
+            self.real = torch.cat([self.slots(), torch.zeros((self.rows, width), dtype=torch.bool)], dim=1)
             for r, kept in zip(going, kept_blocks):
-                self.real[r, [start + k for k in kept]] = True
+                self.real[r, [self.length + k for k in kept]] = True
             self.compact(going)
             return
-        if self.real.shape[1] > 1.25 * int(self.real.sum(dim=1).max()) + 16:
-            self.compact(list(range(self.real.shape[0])))
+        if all(kept[-1] - kept[0] + 1 == len(kept) for kept in kept_blocks):  # chains: the kept entries stay where they are
+            added = max(kept[-1] + 1 for kept in kept_blocks)
+            spans = [(kept[0], kept[-1] + 1) for kept in kept_blocks]
+            drop_cache_tail(self.cache, width - added)
+        else:  # trees: each row's path packed to the block's front
+            added = max(len(kept) for kept in kept_blocks)
+            spans = [(0, len(kept)) for kept in kept_blocks]
+            index = torch.zeros((self.rows, added), dtype=torch.long)  # (rows, slots): offsets in the block
+            for i, kept in enumerate(kept_blocks):
+                index[i, : len(kept)] = torch.tensor(kept)
+            gather_cache_tail(self.cache, self.length, index)
+        if self.real is None and all(span == (0, added) for span in spans):  # still no holes
+            self.length += added
+            return
+        block = torch.zeros((self.rows, added), dtype=torch.bool)
+        for i, (low, high) in enumerate(spans):
+            block[i, low:high] = True
+        self.real = torch.cat([self.slots(), block], dim=1)
+        self.length += added
+        if self.length > 1.25 * int(self.real.sum(dim=1).max()) + 16:
+            self.compact(list(range(self.rows)))
 
     def compact(self, going: list[int]) -> None:
         """Keeps the rows `going`, each its real slots only, left-padded: the whole cache gathered."""
-        real = self.real[going]
+        real = self.slots()[going]
         lengths = real.sum(dim=1)
         longest = int(lengths.max())
         index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, slots); a padding slot reads slot 0
@@ -81,4 +90,5 @@ class RowCache:
             index[i, longest - length :] = real[i].nonzero()[:, 0]
             compacted[i, longest - length :] = True
         gather_cache_rows(self.cache, torch.tensor(going), index)
-        self.real = compacted
+        self.rows, self.length = len(going), longest
+        self.real = None if bool(compacted.all()) else compacted

@@ -23,6 +23,9 @@ import torch
 
 from lookahead.draft import Draft
 from lookahead.integrations.hf import first_stop
+from lookahead.integrations.row_cache import RowCache
+
+_CHAIN = list(range(-1, 1023))  # a chain's parents: [-1, 0, 1, ...]
 
 
 @dataclass
@@ -39,63 +42,66 @@ class Block:
     is_tree: bool
 
 
-def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int], cached: list[int], real: torch.Tensor,
-                *, uncached: int, dtype: torch.dtype) -> Block:
-    """The step's block for rows whose last `uncached` tokens are not in the cache yet.
+def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int], cache: RowCache, *, uncached: int,
+                dtype: torch.dtype) -> Block:
+    """The step's block for rows whose last `uncached` tokens are not in `cache` yet.
 
     Args:
         contexts: per row, its tokens as plain generate holds them (left padding included).
         drafts: per row, what it verifies (chain or tree).
         skips: per row, left padding among its uncached tokens.
-        cached: per row, its real tokens in the cache (its next token's position).
-        real: (rows, S) bools, the cache slots that hold each row's real tokens.
+        cache: the rows' cache: its length S, and which slots hold each row's real tokens.
         dtype: the additive mask's dtype (the model's).
+    Cost: O(rows * width) Python and a few tensor constructions; trees add O(nodes^2) bits per row.
     """
-    u, rows, slots = uncached, len(drafts), real.shape[1]
+    u, rows, slots = uncached, len(drafts), len(cache)
     width = u + max(len(d) for d in drafts)
     ids, parents, depths = [], [], []
     for context, draft in zip(contexts, drafts):
-        ids.append(context[-u:] + draft.token_ids.tolist())
         draft_parents = draft.parents.tolist()
+        n = len(draft_parents)
+        ids.append(context[-u:] + draft.token_ids.tolist())
+        if draft_parents == _CHAIN[:n]:
+            parents.append(list(range(-1, u + n - 1)))
+            depths.append(None)
+            continue
         parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft_parents])
-        depth = [0] * len(draft_parents)  # depth of each draft node, 1 for a root
+        depth = [0] * n  # depth of each draft node, 1 for a root
         for i, p in enumerate(draft_parents):
             depth[i] = 1 if p < 0 else depth[p] + 1
         depths.append(depth)
-    is_tree = any(p != i - 1 for row in parents for i, p in enumerate(row))
-    tokens = torch.zeros((rows, width), dtype=torch.long)
-    for r, row in enumerate(ids):
-        tokens[r, : len(row)] = torch.tensor(row)
-    whole = not is_tree and not any(skips) and all(len(row) == width for row in ids) and bool(real.all())
-    if whole:  # the model's own causal mask; every row's positions follow its S real slots
+    is_tree = any(depth is not None for depth in depths)
+    tokens = torch.tensor([row + [0] * (width - len(row)) for row in ids])
+    if not is_tree and cache.real is None and not any(skips) and all(len(row) == width for row in ids):
+        # the model's own causal mask; every row's positions follow its S real slots
         return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
-    positions = torch.ones((rows, width), dtype=torch.long)  # padding and fill at 1, as plain generate's padding
-    keys = torch.zeros((rows, slots + width), dtype=torch.bool)  # which keys are real tokens of the row
-    keys[:, :slots] = real
+    cached = cache.real_tokens()
+    positions = np.ones((rows, width), dtype=np.int64)  # padding and fill at 1, as plain generate's padding
+    block_keys = np.zeros((rows, width), dtype=bool)  # which block entries are real tokens of the row
     for r, (row, skip, depth) in enumerate(zip(ids, skips, depths)):
         own = cached[r] + (u - 1 - skip)  # position of the row's last uncached token
-        positions[r, skip:u] = torch.arange(cached[r], own + 1)
-        if depth:
-            positions[r, u : len(row)] = own + torch.tensor(depth)
-        keys[r, slots + skip : slots + len(row)] = True
+        positions[r, skip:u] = np.arange(cached[r], own + 1)
+        positions[r, u : len(row)] = own + (np.arange(1, len(row) - u + 1) if depth is None else np.asarray(depth, dtype=np.int64))
+        block_keys[r, skip : len(row)] = True
+    positions = torch.from_numpy(positions)
     if not is_tree:
-        return Block(tokens, positions, keys.long(), ids, parents, skips, u, False)
+        return Block(tokens, positions, torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(), ids, parents, skips, u, False)
     # Every query sees the row's real cached slots; within the block, its ancestors and itself.
-    visible = torch.zeros((rows, width, width), dtype=torch.bool)  # (rows, queries, block keys)
+    visible = np.zeros((rows, width, width), dtype=bool)  # (rows, queries, block keys)
     for r, (row, draft) in enumerate(zip(ids, drafts)):
         m = len(row)
         visible[r, :m, :m] = tree_visibility(u, draft.parents)
-    visible &= keys[:, None, slots:]  # no key of padding or fill
-    visible[:, torch.arange(width), torch.arange(width)] = True  # every query sees itself (fill included)
+    visible &= block_keys[:, None, :]  # no key of padding or fill
+    visible[:, np.arange(width), np.arange(width)] = True  # every query sees itself (fill included)
     attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
     low = torch.finfo(dtype).min
-    if not bool(real.all()):  # holes or padding in the cache (one row without them: nothing to mask there)
-        attention[:, 0, :, :slots].masked_fill_(~real[:, None, :], low)
-    attention[:, 0, :, slots:].masked_fill_(~visible, low)
+    if cache.real is not None:  # holes or padding in the cache
+        attention[:, 0, :, :slots].masked_fill_(~cache.real[:, None, :], low)
+    attention[:, 0, :, slots:].masked_fill_(torch.from_numpy(~visible), low)
     return Block(tokens, positions, attention, ids, parents, skips, u, True)
 
 
-def tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
+def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
     """(u + n, u + n) bools: block token j is token i or one of its ancestors.
 
     The u uncached tokens form a causal chain and every draft node (parents[i] < i, -1:
@@ -103,13 +109,13 @@ def tree_visibility(u: int, parents: np.ndarray) -> torch.Tensor:
     sets: O((u + n)^2) bits but O(n^2) Python, whatever the prompt length.
     """
     n = parents.shape[0]
-    ancestors = np.zeros((n, n), dtype=bool)
+    visible = np.tri(u + n, dtype=bool)
+    ancestors = visible[u:, u:]  # a view: draft nodes' ancestor sets among draft nodes
+    ancestors[:] = False
     for i, p in enumerate(parents.tolist()):
         if p >= 0:
             ancestors[i] = ancestors[p]
         ancestors[i, i] = True
-    visible = torch.ones((u + n, u + n), dtype=torch.bool).tril_()
-    visible[u:, u:] = torch.from_numpy(ancestors)
     return visible
 
 
