@@ -56,6 +56,8 @@ class CostCurve:
     def cost(self, rows: int, width):
         """Relative cost of a (rows, width) block; `width` an int or an int array."""
         n, last = rows * np.asarray(width), self.costs.shape[0] - 1
+        if n.max() <= last:
+            return self.costs[n]
         beyond = self.costs[last] + (n - last) * (self.costs[last] - self.costs[last - 1])
         return np.where(n <= last, self.costs[np.minimum(n, last)], beyond)
 
@@ -80,7 +82,7 @@ class StepCosts(CostCurve):
     block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
     priced as that narrower block, so the sizer verifies the wider one.
 
-    Cost: O(64) per observed step (numpy, and a pass over the seen widths for NOISE).
+    Cost: a few numpy operations over 65 widths and a pass over the seen widths (NOISE) per observed step.
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
@@ -98,6 +100,7 @@ class StepCosts(CostCurve):
         self.seconds = self.calibrated.copy()  # (65,) learnt seconds where seen
         self.seen = np.zeros(widths.shape[0], dtype=bool)
         self.decay = decay
+        self._anchors()
         super().__init__(self.relative())
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
@@ -106,29 +109,40 @@ class StepCosts(CostCurve):
         if rows != 1:
             return
         w = min(max(width, 1), SIZES[-1])
-        self.seconds[w] = seconds if not self.seen[w] else self.decay * self.seconds[w] + (1 - self.decay) * seconds
-        self.seen[w] = True
+        if self.seen[w]:
+            self.seconds[w] = self.decay * self.seconds[w] + (1 - self.decay) * seconds
+        else:
+            self.seconds[w] = seconds
+            self.seen[w] = True
+            self._anchors()
         self.costs, self._fixed = self.relative(), None
+
+    def _anchors(self) -> None:
+        # What pricing reads of `seen` (it changes only when a width is first seen): per width,
+        # the seen width its estimate starts from and its calibrated seconds, and
+        # the nearest seen wider width (a cap), with whether there is one.
+        last = SIZES[-1]
+        widths = np.arange(last + 1)
+        below = np.maximum.accumulate(np.where(self.seen, widths, 0))  # nearest seen width <= w (0: none)
+        above = np.minimum.accumulate(np.where(self.seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
+        self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths))
+        self._anchor_calibrated = self.calibrated[self._anchor]
+        self._capped = above <= last
+        self._cap = np.minimum(above, last)
+        self._seen_widths = np.flatnonzero(self.seen).tolist()  # narrow to wide
 
     def relative(self) -> np.ndarray:
         """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
-        last = SIZES[-1]
-        widths = np.arange(last + 1)
-        seen = self.seen
         seconds = self.seconds.copy()  # noise-levelled below
         level = None
-        for w in np.flatnonzero(seen).tolist():  # seen widths, narrow to wide
+        for w in self._seen_widths:
             if level is not None and seconds[w] <= level * (1 + self.NOISE):
                 seconds[w] = min(seconds[w], level)  # within noise of a narrower seen block: no dearer
             else:
                 level = seconds[w]
-        below = np.maximum.accumulate(np.where(seen, widths, 0))  # nearest seen width <= w (0: none)
-        above = np.minimum.accumulate(np.where(seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
-        anchor = np.where(below > 0, below, np.where(above <= last, above, widths))
-        estimate = seconds[anchor] + self.calibrated - self.calibrated[anchor]
-        capped = above <= last
-        estimate[capped] = np.minimum(estimate[capped], seconds[above[capped]])
-        estimate = np.maximum(estimate, 1e-9)
+        estimate = seconds[self._anchor] + self.calibrated - self._anchor_calibrated
+        np.minimum(estimate, seconds[self._cap], out=estimate, where=self._capped)
+        np.maximum(estimate, 1e-9, out=estimate)
         estimate[0] = estimate[1]
         return estimate / estimate[1]
 

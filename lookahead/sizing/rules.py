@@ -14,14 +14,15 @@ batch, which runs until its last row ends (`static_batch_draft_sizes`; for one r
 import numpy as np
 
 MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
+_WIDTHS = np.arange(66)  # read-only block widths, sliced per call
+_WIDTHS.flags.writeable = False
 
 
 def chain_size(keep_chance: float, available: int, cost) -> int:
     """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)."""
     a = min(keep_chance, MAX_CHANCE)
-    n = np.arange(available + 1)
-    expected = (1 - a ** (n + 1)) / (1 - a)
-    return int(np.argmax(expected / cost.cost(1, n + 1)))
+    widths = _WIDTHS[1 : available + 2] if available < _WIDTHS.shape[0] - 1 else np.arange(1, available + 2)  # n + 1
+    return int(np.argmax((1 - a**widths) / (1 - a) / cost.cost(1, widths)))
 
 
 def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> int:
@@ -36,10 +37,8 @@ def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> 
         return 0
     if max_tree_nodes <= chain_size:
         return max_tree_nodes
-    nodes = np.arange(chain_size, max_tree_nodes + 1)
-    affordable = cost.cost(rows, nodes + 1) <= cost.cost(rows, chain_size + 1)
-    affordable[0] = True  # the chain's own size
-    return int(nodes[np.flatnonzero(affordable)[-1]])
+    costs = cost.cost(rows, np.arange(chain_size + 1, max_tree_nodes + 2))  # blocks of chain_size.. nodes, the own token included
+    return chain_size + int(np.flatnonzero(costs <= costs[0])[-1])
 
 
 # -- batched steps (a serving engine: many rows verified in one forward pass) ----------------
@@ -153,6 +152,9 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
         >>> static_batch_draft_sizes([0.2, 0.9], [8, 8], [60, 60], [2.0, 1.0], cost=LineCost(8.0))  # the row behind keeps much
         [6, 6]
     """
+    if len(keep_chances) == len(lengths) == len(remaining) == len(rates) == 1:
+        # M(W) = G(W) - 1: the worth is (h + 1) G(W), chain_size's choice (no fit of h read)
+        return [chain_size(float(keep_chances[0]), int(lengths[0]), cost) if lengths[0] else 0]
     chances, lengths = _rows(keep_chances, lengths)
     remaining, rates = np.asarray(remaining, dtype=np.float64), np.asarray(rates, dtype=np.float64)
     if remaining.shape != chances.shape or rates.shape != chances.shape:
@@ -162,8 +164,6 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
     rows = chances.shape[0]
     if rows == 0 or lengths.max(initial=0) == 0:
         return [0] * rows
-    if rows == 1:  # M(W) = G(W) - 1: the worth is (h + 1) G(W), chain_size's choice (no fit of h read)
-        return [chain_size(float(chances[0]), int(lengths[0]), cost)]
     fixed_cost_tokens = cost.fixed_cost_tokens
     behind = steps >= steps.max() - 1  # the rows that would end on the batch's last step
     drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
