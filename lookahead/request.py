@@ -104,5 +104,5 @@ class Request:
     def extend(self, token_ids) -> None:
         """Tokens of the request the drafter has not seen, outside any plan (a prompt's next chunk, a resumed request)."""
         self.drafter.extend(token_ids)
-        if self.keep_rate is not None:
+        if self.keep_rate is not None and self.keep_rate.watched:
             self.keep_rate.settle(self.drafter.index.tokens)

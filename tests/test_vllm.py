@@ -232,7 +232,7 @@ def test_runner_without_request_ids_warns_once(vllm_log):
 
 def learnt(request) -> tuple[list, list]:
     """What a request's keep rate has counted: kept tokens and failures per anchor length."""
-    return request.state.keep_rate.kept.tolist(), request.state.keep_rate.failed.tolist()
+    return list(request.state.keep_rate.kept), list(request.state.keep_rate.failed)
 
 
 def test_draft_dropped_by_preemption_is_not_counted_as_rejected():

@@ -115,7 +115,19 @@ class StepCosts(CostCurve):
             self.seconds[w] = seconds
             self.seen[w] = True
             self._anchors()
-        self.costs, self._fixed = self.relative(), None
+        self._costs, self._fixed = None, None  # priced again when next read
+
+    @property
+    def costs(self) -> np.ndarray:
+        """costs[n], n in 0..64 (relative()), computed when first read after an observation: a step
+        that prices nothing (no draft) pays nothing for it."""
+        if self._costs is None:
+            self._costs = self.relative()
+        return self._costs
+
+    @costs.setter
+    def costs(self, costs) -> None:
+        self._costs = costs
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,

@@ -1,7 +1,5 @@
 """`KeepRate`: a request's running estimate of the chance that a drafted token is kept."""
 
-import numpy as np
-
 
 class KeepRate:
     """The per-token keep chance of one request's drafts, per anchor match length.
@@ -22,24 +20,25 @@ class KeepRate:
     PRIOR_WEIGHT = 2.0  # pseudo-counts of the overall rate in each match length's estimate
 
     def __init__(self, max_ngram: int, *, fade: float = 0.9):
-        self.kept = np.zeros(max_ngram + 1)  # per anchor length: faded count of kept tokens
-        self.failed = np.zeros(max_ngram + 1)  # and of failures
-        self.overall = np.ones(2)  # faded (kept, failed) over all lengths, prior 1 each: 0.5 at first
+        # Python floats, not arrays: a handful of scalar updates per step, where numpy's per-call cost would dominate.
+        self.kept = [0.0] * (max_ngram + 1)  # per anchor length: faded count of kept tokens
+        self.failed = [0.0] * (max_ngram + 1)  # and of failures
+        self.overall = [1.0, 1.0]  # faded (kept, failed) over all lengths, prior 1 each: 0.5 at first
         self.fade = fade
         self.watched: list[list] = []  # [match_len, unverified draft ids, position, how many counted]
 
     def keep_chance(self, match_len: int) -> float:
-        m = min(match_len, self.kept.shape[0] - 1)
-        prior = self.overall[0] / self.overall.sum()
-        return float((self.kept[m] + self.PRIOR_WEIGHT * prior) / (self.kept[m] + self.failed[m] + self.PRIOR_WEIGHT))
+        m = min(match_len, len(self.kept) - 1)
+        prior = self.overall[0] / (self.overall[0] + self.overall[1])
+        return (self.kept[m] + self.PRIOR_WEIGHT * prior) / (self.kept[m] + self.failed[m] + self.PRIOR_WEIGHT)
 
     def _count(self, match_len: int, kept: int, failed: bool) -> None:
         if not kept and not failed:
             return  # nothing learnt: old counts keep their weight
-        m = min(match_len, self.kept.shape[0] - 1)
+        m = min(match_len, len(self.kept) - 1)
         self.kept[m] = self.fade * self.kept[m] + kept
         self.failed[m] = self.fade * self.failed[m] + failed
-        self.overall = self.fade * self.overall + (kept, failed)
+        self.overall = [self.fade * self.overall[0] + kept, self.fade * self.overall[1] + failed]
 
     def observe(self, match_len: int, draft_ids: list[int], verified: int, written: list[int], position: int) -> None:
         """Learns from a step whose chain draft `draft_ids` (drafted at sequence[position:]) had
