@@ -6,6 +6,9 @@ This mode makes the forward nearly free and measures the rest: a 1-layer random 
 (OVERHEAD_SHAPE) over the traces' requests, forced in the forward to their recorded outputs,
 each forward timed inside hooks (synchronised on CUDA), methods taking turns on each request.
 
+Beside the methods, transformers' assisted loop with an assistant that never drafts
+(ASSISTED_FLOOR): the part of `assistant_model=`'s cost that is transformers' loop itself.
+
 Vocabulary: the traces' ids are mapped one to one onto 0..U-1, U the distinct ids of the
 requests run (a few thousand for 3 requests per file, against Llama-3's 128,256), so the LM
 head stays small; drafts and acceptance depend only on which ids are equal, so every
@@ -13,12 +16,19 @@ method's steps are those at the real vocabulary. The work outside the forward th
 with the vocabulary (argmax over logits, copies of them, processors) is priced at U.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
+from transformers import GenerationConfig
 
 from lookahead.bench.e2e import PLD, bench_model, select_methods
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.traces import Task, build_model, forced_trace_task, parse_dtypes, read_traces, trace_paths
+from lookahead.integrations.assistant import AssistantConfig
+
+# transformers' assisted loop with an assistant that never drafts: what `assistant_model=` costs before any drafter's work.
+ASSISTED_FLOOR = "hf assisted loop, no drafts"
 
 # Forward well under a millisecond on one CPU thread: 1 layer, hidden 64.
 OVERHEAD_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -65,8 +75,29 @@ def loop_overhead(paths, *, requests: int, max_new_tokens: int, dtype, device: s
     tasks = {name: [forced_trace_task(r, max_new_tokens) for r in loaded] for name, loaded in read_traces(list(paths), requests, None).items()}
     tasks, vocab = compact_vocabulary(tasks)
     model = build_model(shape=OVERHEAD_SHAPE, vocab=vocab, dtype=dtype, device=device)
-    rows = bench_model(model, tasks, select_methods(methods_spec), repeats=repeats, label="file", forward_time=True, summary=overhead_summary)
+    methods = select_methods(methods_spec)
+    if methods_spec is None:
+        methods.append((ASSISTED_FLOOR, lambda: dict(assistant_model=NoDrafts(vocab, model.device))))
+    rows = bench_model(model, tasks, methods, repeats=repeats, label="file", forward_time=True, summary=overhead_summary)
     return rows, vocab
+
+
+class NoDrafts:
+    """An `assistant_model=` that offers transformers' assisted loop no draft at any step (the
+    loop needs one score to stack: a placeholder); its output is plain greedy's."""
+
+    def __init__(self, vocab: int, device):
+        self.config = AssistantConfig(is_encoder_decoder=False, vocab_size=vocab)
+        self.device = device
+        self.generation_config = GenerationConfig(num_assistant_tokens=1, num_assistant_tokens_schedule="constant",
+                                                  assistant_confidence_threshold=0.0)
+        self.scores = (torch.zeros((1, 1), device=device),)
+
+    def _supports_logits_to_keep(self) -> bool:
+        return False
+
+    def generate(self, input_ids, **kwargs):
+        return SimpleNamespace(sequences=input_ids, scores=self.scores, cache=None, past_key_values=None)
 
 
 def overhead_summary(per_run: list[dict[str, dict]], method: str) -> dict:
