@@ -55,9 +55,9 @@ class Request:
         self.keep_rate = KeepRate(self.drafter.max_ngram) if self.sized else None
         self.last = None
 
-    def propose(self, room: int) -> Draft:
-        """The drafter's chain of at most `room` tokens."""
-        return self.drafter.propose(room)
+    def propose(self, room: int, *, hedged: bool = False) -> Draft:
+        """The drafter's chain of at most `room` tokens (`hedged`: from a tree's candidates, see LookupDrafter.propose)."""
+        return self.drafter.propose(room, hedged=hedged)
 
     def keep_chance(self, chain: Draft) -> float:
         """The chance that a token of `chain` is kept (0.5 before anything is learnt); 1.0 unsized."""
@@ -77,11 +77,11 @@ class Request:
         if tree and (cost is None or self.keep_rate is None):
             whole = drafter.propose_tree(room, max_tree_nodes=max_tree_nodes)
             return self.commit(whole.prefix(0), 0, whole)
-        chain = drafter.propose(room)
+        chain = drafter.propose(room, hedged=tree)
         size = len(chain) if cost is None or self.keep_rate is None or not len(chain) else chain_size(self.keep_chance(chain), len(chain), cost)
         if not tree or not size:
             return self.commit(chain, size)
-        return self.commit(chain, size, drafter.propose_tree(room, max_tree_nodes=tree_nodes(size, max_tree_nodes, cost)))
+        return self.commit(chain, size, drafter.grow_tree(tree_nodes(size, max_tree_nodes, cost)))
 
     def verified(self, written, accepted: int | None = None, checked: int | None = None) -> None:
         """After the step: the model wrote `written` (its kept drafted tokens, then its own; cut where

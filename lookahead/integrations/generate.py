@@ -225,7 +225,7 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
         if tree:
             return [row.request.plan(room, tree=True, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
         return [row.request.plan(room) for row, room in zip(active, rooms)]
-    chains = [row.request.propose(room) for row, room in zip(active, rooms)]
+    chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (grow_tree)
     if first and len(active) > 1:
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
@@ -237,8 +237,8 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
         return [row.request.commit(chain, size) for row, chain, size in zip(active, chains, sizes)]
     # A tree fills the row's slots up to what the widest chain bought: those columns are paid for.
     nodes = tree_nodes(widest, options.max_tree_nodes, cost, rows=len(active))
-    return [row.request.commit(chain, size, row.request.drafter.propose_tree(room, max_tree_nodes=nodes) if size else None)
-            for row, room, chain, size in zip(active, rooms, chains, sizes)]
+    return [row.request.commit(chain, size, row.request.drafter.grow_tree(nodes) if size else None)
+            for row, chain, size in zip(active, chains, sizes)]
 
 
 def _forward(model, block, cache: RowCache, logits_to_keep: bool, device) -> tuple[torch.Tensor, int]:
