@@ -297,9 +297,9 @@ def test_tree_visibility_equals_walking_the_ancestors():
         assert np.array_equal(tree_visibility(u, draft_parents), expected)
 
 
-@pytest.mark.parametrize("cost_16, trees", [(1.2, True), (2.4, False)])
-def test_default_drafts_trees_only_where_verification_is_cheap(monkeypatch, cost_16, trees):
-    monkeypatch.setattr(generate_module, "tree_cost_16", lambda model: cost_16)  # a 16-node tree step, mask path included
+@pytest.mark.parametrize("over_chain, trees", [(1.02, True), (1.2, False)])
+def test_default_drafts_trees_only_where_their_mask_costs_what_a_chain_does(monkeypatch, over_chain, trees):
+    monkeypatch.setattr(generate_module, "tree_over_chain_16", lambda model: over_chain)  # a 16-node tree's forward over a chain's
     calls = []
 
     class Spy(LookupDrafter):

@@ -9,7 +9,7 @@ import pytest
 from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
 from lookahead.integrations import calibration
-from lookahead.integrations.calibration import step_costs, tree_cost_16
+from lookahead.integrations.calibration import step_costs, tree_over_chain_16
 from lookahead.sizing.cost import CostCurve, LineCost, StepCosts, cost_curve
 from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes
@@ -96,7 +96,7 @@ def test_calibration_is_relative_to_one_token_and_cached():
     assert costs.shape == (65,) and costs[1] == 1.0 and (costs[1:] > 0).all()
     assert (verify_costs(model) == costs).all()
     assert step_costs(model).relative()[1] == 1.0
-    assert tree_cost_16(model) > 0
+    assert tree_over_chain_16(model) > 0
 
 
 def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_block_below_one_token(monkeypatch):
@@ -121,7 +121,7 @@ def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_blo
     assert costs[1] == 1.0
     assert costs[16] == pytest.approx((0.1 + 0.16) / 0.11)  # the stalled rounds did not count
     assert costs[64] == 1.0  # measured 20x cheaper than one token: priced as one token
-    assert tree_cost_16(model) == pytest.approx((0.1 + 0.16) / 0.11)
+    assert tree_over_chain_16(model) == pytest.approx(1.0)  # the tree's 16 nodes cost what 16 chain tokens do
 
 
 SECONDS = np.array([0.10, 0.10, 0.12, 0.16, 0.24, 0.40, 0.72])  # a calibration: 16 tokens cost 2.4x one

@@ -32,11 +32,12 @@ def loop_costs(model) -> LoopCosts:
     return LoopCosts(_calibrate(model)["chain"])
 
 
-def tree_cost_16(model) -> float:
+def tree_over_chain_16(model) -> float:
     """Time of a forward pass over a 16-node tree (explicit 4D mask, as our loop verifies
-    trees) relative to one token: what a tree step really costs, mask path included."""
+    trees) over a 16-token chain's (the model's own causal mask): what the tree's mask path
+    adds to a block of its width (nan for a family without trees)."""
     times = _calibrate(model)
-    return float(times["tree16"] / times["chain"][0])
+    return float(times["tree16"] / times["chain"][SIZES.index(16)])
 
 
 def timed_forward(model, run) -> float:
