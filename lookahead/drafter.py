@@ -150,7 +150,7 @@ class LookupDrafter:
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self._trie = DraftTrie()  # rebuilt by every propose
-        self._hedged_match_len: int | None = None  # the trie holds a hedged chain's candidates (grow_tree), anchored this long
+        self._tree_match_len: int | None = None  # the trie holds a tree's candidates (grow_tree), anchored this long
         self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
         self.vocab_size = vocab_size
@@ -254,7 +254,7 @@ class LookupDrafter:
             if self.memory is not None and len(self.index):
                 self.memory.add(self.index.tokens)
             self.index.clear()
-            self._hedged_match_len = None
+            self._tree_match_len = None
             self._owner = threading.get_ident()
             self.index.extend(prompt_ids)
             self._prompt_len = len(self.index)
@@ -264,7 +264,7 @@ class LookupDrafter:
     def extend(self, token_ids) -> None:
         """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's)."""
         self._check_thread()
-        self._hedged_match_len = None
+        self._tree_match_len = None
         self.index.extend(token_ids)
 
     def _check_thread(self) -> None:
@@ -291,13 +291,13 @@ class LookupDrafter:
         O(first_reach * max_ngram) to find a first occurrence.
         """
         self._check_thread()
-        self._hedged_match_len = None
+        self._tree_match_len = None
         limit = self._limit(num_draft_tokens)
         if limit == 0:
             return EMPTY_DRAFT
         match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged)
         if hedged:
-            self._hedged_match_len = match_len
+            self._tree_match_len = match_len
         token_ids = self._trie.path(min(limit, math.ceil(self.draft_factor * match_len)))
         return Draft.chain(token_ids, match_len) if token_ids.shape[0] else EMPTY_DRAFT
 
@@ -310,27 +310,27 @@ class LookupDrafter:
         children; `propose`'s chain is the heaviest path (cut by draft_factor there, not here).
         """
         self._check_thread()
-        self._hedged_match_len = None
+        self._tree_match_len = None
         limit = self._limit(num_draft_tokens)
         if limit == 0 or max_tree_nodes < 1:
             return EMPTY_DRAFT
-        match_len = self._fill_trie(limit, *self.tree_walk, first_only=False)
-        token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY)
-        return Draft(token_ids, parents, match_len) if token_ids.shape[0] else EMPTY_DRAFT
+        self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False)
+        return self.grow_tree(max_tree_nodes)
 
     def grow_tree(self, max_tree_nodes: int) -> Draft:
-        """The tree `propose_tree` would draft, from the candidates of the last `propose(..., hedged=True)`.
+        """The tree `propose_tree` would draft, from the candidates of the last `propose(..., hedged=True)` (or `propose_tree`).
 
         Raises:
-            RuntimeError: no hedged chain was drafted since the sequence last changed.
+            RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
         self._check_thread()
-        if self._hedged_match_len is None:
-            raise RuntimeError("grow_tree drafts from the last propose(..., hedged=True), and there is none since the sequence changed")
+        if self._tree_match_len is None:
+            raise RuntimeError("grow_tree drafts from the last propose(..., hedged=True) or propose_tree, and there is none since "
+                               "the sequence changed")
         if max_tree_nodes < 1 or not len(self._trie):
             return EMPTY_DRAFT
         token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY)
-        return Draft(token_ids, parents, self._hedged_match_len) if token_ids.shape[0] else EMPTY_DRAFT
+        return Draft(token_ids, parents, self._tree_match_len) if token_ids.shape[0] else EMPTY_DRAFT
 
     def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool) -> int:
         """Rebuilds the candidate trie; returns the longest match_len anchoring a candidate (0: none).
