@@ -63,9 +63,7 @@ class RowCache:
         else:  # trees: each row's path packed to the block's front
             added = max(len(kept) for kept in kept_blocks)
             spans = [(0, len(kept)) for kept in kept_blocks]
-            index = torch.zeros((self.rows, added), dtype=torch.long)  # (rows, slots): offsets in the block
-            for i, kept in enumerate(kept_blocks):
-                index[i, : len(kept)] = torch.tensor(kept)
+            index = torch.tensor([kept + [0] * (added - len(kept)) for kept in kept_blocks])  # (rows, slots): offsets in the block
             gather_cache_tail(self.cache, self.length, index)
         if self.real is None and all(span == (0, added) for span in spans):  # still no holes
             self.length += added

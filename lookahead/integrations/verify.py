@@ -25,8 +25,6 @@ from lookahead.draft import Draft
 from lookahead.integrations.hf import first_stop
 from lookahead.integrations.row_cache import RowCache
 
-_CHAIN = list(range(-1, 1023))  # a chain's parents: [-1, 0, 1, ...]
-
 
 @dataclass
 class Block:
@@ -61,7 +59,7 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
         draft_parents = draft.parents.tolist()
         n = len(draft_parents)
         ids.append(context[-u:] + draft.token_ids.tolist())
-        if draft_parents == _CHAIN[:n]:
+        if draft_parents == list(range(-1, n - 1)):  # a chain
             parents.append(list(range(-1, u + n - 1)))
             depths.append(None)
             continue
