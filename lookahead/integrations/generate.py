@@ -234,7 +234,7 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
     chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
-    rates = [row.stats.tau or 1.0 for row in active] if len(active) > 1 else [1.0]  # each row's tokens per step so far (one row: unread)
+    rates = [row.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
     widest = max(sizes)
     if not tree or widest == 0:
