@@ -279,7 +279,28 @@ def test_step_run_without_the_proposer_does_not_verify_its_draft():
     # a step without propose wrote 6 and drafted zeros; this step verified them (none kept) and wrote 7
     runner.drafts = {"a": [0, 0, 0, 0]}
     runner.step(proposer, [("a", A, [5, 6, 7])], [[7]])
-    assert (proposer.stats.drafts, proposer.stats.discarded_drafts) == (0, 1)
+    # vLLM's metrics count its zeros as a draft: so do we, apart (vllm_drafts), learning nothing
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (1, 4)
+    assert (proposer.stats.vllm_drafts, proposer.stats.discarded_drafts, proposer.stats.accepted_tokens) == (1, 1, 0)
+    assert learnt(a) == keep_before
+
+
+def test_placeholders_padding_a_resumed_request_count_as_vllm_counts_them():
+    """A preempted request resumed with its prefix cached has one token left to prefill; vLLM
+    pads that step to 1 + K tokens with K placeholder drafts (-1), and its metrics count them
+    (seen in the served test's preemptions, 2026-12-01): so do we, learning nothing from them."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
+    a = proposer.requests["a"]
+    keep_before = learnt(a)
+    runner.extra_live = ("a",)  # preempted with its draft pending
+    runner.step(proposer, [("b", B, [20, 21])], [[21]])
+    runner.extra_live = ()
+    runner.drafts["a"] = [-1] * 4  # resumed: its one-token step padded with placeholders, none kept
+    runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]])
+    assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (3, 12)
+    assert (proposer.stats.vllm_drafts, proposer.stats.discarded_drafts, proposer.stats.accepted_tokens) == (1, 1, 0)
     assert learnt(a) == keep_before
 
 

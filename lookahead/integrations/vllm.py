@@ -20,7 +20,8 @@ reused by new requests), so state is keyed by request, never by row:
   it still extends (`_match_rows`), and vLLM's log says so once.
 - acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
   (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
-  without us) is neither counted nor taught to the sizer (`_verified`).
+  without us) is neither counted nor taught to the sizer, and one vLLM made itself (its
+  placeholders, its zeros) is counted, as its metrics count it, and taught nothing (`_verified`).
 - per request: its state (lookahead.request.Request: a LookupDrafter fed only the new
   tokens each step, its keep rate per anchor length, its last plan). All requests share one bounded TokenStore
   (memory: each finished request is added to it) and an optional DocumentLibrary.
@@ -166,11 +167,12 @@ class ProposerStats:
     steps: int = 0
     requests: int = 0  # requests seen
     finished: int = 0  # requests retired (their tokens filed into memory)
-    drafts: int = 0  # non-empty drafts verified
+    drafts: int = 0  # non-empty drafts verified, vLLM's own included
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
     rows_by_content: int = 0  # rows identified by content (no runner)
+    vllm_drafts: int = 0  # of those, drafts vLLM made itself (its placeholders or zeros, see _verified)
     discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room or without us)
     cut_tokens: int = 0  # drafted tokens the load rule did not send
     memory_tokens: int = 0
@@ -182,7 +184,7 @@ class ProposerStats:
 class _Request:
     state: Request  # the drafter, its keep rate and its last plan (state.position: where it was drafted)
     indexed: int = 0  # tokens of the row given to the drafter
-    sent: int = 0  # tokens of the last plan returned to vLLM
+    sent: list = field(default_factory=list)  # the token ids of the last plan returned to vLLM
 
 
 class LookupProposer:
@@ -255,12 +257,15 @@ class LookupProposer:
         start = time.perf_counter()
         num_rows = len(sampled_token_ids)
         keys, prompt_lens = self._batch_keys(num_rows, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
-        verified = self._verified(keys, sampled_token_ids, num_tokens_no_spec, by_runner=prompt_lens is not None)
+        verified, theirs = self._verified(keys, sampled_token_ids, num_tokens_no_spec, by_runner=prompt_lens is not None)
         new_keys = {key for key in keys if key not in self.requests}
         self._measure_step(keys, sampled_token_ids, new_keys, start)
 
         chains: list = [None] * num_rows  # per row, (its request, its chain) or None
         for row in range(num_rows):
+            if theirs[row]:  # counted as vLLM's metrics count it; nothing learnt from it
+                self._count(theirs[row], len(sampled_token_ids[row]) - 1)
+                self.stats.vllm_drafts += 1
             n = int(num_tokens_no_spec[row])
             request = self._follow(keys[row], sampled_token_ids[row], n, token_ids_cpu[row], prompt_lens, row, verified[row])
             limit = min(self.num_draft_tokens, self.max_model_len - n)
@@ -274,8 +279,7 @@ class LookupProposer:
         for row, size in zip(decode, sizes):
             request, chain = chains[row]
             request.state.commit(chain, size)
-            request.sent = size
-            out[row] = chain.token_ids[:size].tolist()
+            request.sent = out[row] = chain.token_ids[:size].tolist()
             self.stats.cut_tokens += len(chain) - size
 
         self.stats.steps += 1
@@ -329,30 +333,38 @@ class LookupProposer:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
-    def _verified(self, keys, sampled, num_tokens, *, by_runner: bool) -> list[int]:
-        """Per row, how many tokens of its request's last draft vLLM verified in the step that just ran.
+    def _verified(self, keys, sampled, num_tokens, *, by_runner: bool) -> tuple[list[int], list[int]]:
+        """Per row: how many tokens of its request's last draft vLLM verified in the step that just
+        ran, and how many of a draft vLLM made itself (which its metrics count as drafts too).
 
         A draft is verified in the step right after we returned it, which moves its row from
         `position` to position + len(sampled) tokens. Otherwise vLLM verified none of it:
         - a step ran without calling us: vLLM skips a custom proposer for the whole batch when one
           row nears max_model_len (and verifies K zero tokens per row instead);
         - vLLM preempted the request (and dropped its draft; the recomputed prefill then samples
-          one token, as a verified step would), or trimmed the draft to the step's token budget:
-          the persistent batch holds the drafted tokens each row's step verified
-          (input_batch.spec_token_ids, vLLM 0.32/0.33); without it, a draft counts only if its
-          request ran in the step before (a preempted request sits out at least one step).
+          one token, as a verified step would), or trimmed the draft to the step's token budget.
+        The persistent batch holds the drafted tokens each row's step verified
+        (input_batch.spec_token_ids, vLLM 0.32/0.33): a prefix of what we sent is ours; anything
+        else is vLLM's own (those zeros, or the K placeholders (-1) that pad the one-token step of
+        a resumed request whose prefix was cached). Without it, a draft counts only if its request
+        ran in the step before (a preempted request sits out at least one step).
         """
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= len(keys)
-        out = []
+        ours, theirs = [], []
         for row, key in enumerate(keys):
             request = self.requests.get(key)
-            if request is None or not request.sent or int(num_tokens[row]) != request.state.position + len(sampled[row]):
-                out.append(0)
+            sent = request.sent if request is not None else []
+            moved = request is not None and int(num_tokens[row]) == request.state.position + len(sampled[row])
+            if not by_runner:
+                ours.append(len(sent) if sent and moved and key in self._last_keys else 0)
+                theirs.append(0)
                 continue
-            ran = len(spec[row]) if by_runner else (request.sent if key in self._last_keys else 0)
-            out.append(min(request.sent, ran))
-        return out
+            checked = list(spec[row])
+            mine = bool(checked) and moved and checked == sent[: len(checked)]
+            ours.append(len(checked) if mine else 0)
+            theirs.append(len(checked) if checked and not mine and sampled[row] else 0)
+        return ours, theirs
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
         """Without a runner: each row belongs to the request whose indexed tokens it still extends."""
@@ -407,9 +419,9 @@ class LookupProposer:
                 state.verified(sampled, checked=verified)
                 request.indexed += len(sampled)
             else:  # vLLM dropped the draft (preempted, trimmed, skipped): neither counted nor learnt from
-                self.stats.discarded_drafts += request.sent > 0
+                self.stats.discarded_drafts += bool(request.sent)
                 state.discard()
-        request.sent = 0
+        request.sent = []
         if n > request.indexed:
             state.extend(row[request.indexed : n])
             request.indexed = n
