@@ -38,6 +38,7 @@ MAX_NUM_SEQS = 16
 VOCAB = 512
 START_TIMEOUT_S = 300  # both servers, started at once on a busy 2-core machine (about 30 s each alone)
 REQUEST_TIMEOUT_S = 180
+PREEMPTION_ROUNDS = 3  # rounds of 16 long requests, until vLLM preempted one
 SERVE_ARGS = [
     "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", str(MAX_NUM_SEQS), "--seed", "0",
     "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
@@ -262,11 +263,16 @@ def test_serve_concurrent_requests_streamed_and_not_equal_no_speculation(servers
 def test_serve_preemption_equal_no_speculation(servers):
     """16 long requests at once overflow the 10-block KV cache: vLLM preempts and recomputes them."""
     ours, plain = servers
-    # Prompts of one block (< 128 tokens) grow into a second one while decoding: running rows are preempted
-    prompts = token_prompts(MAX_NUM_SEQS, seed=2, length=(100, 120))
     preemptions, before = ours.metrics()["vllm:num_preemptions_total"], counters(ours)
-    assert complete_all(ours, prompts, max_tokens=64) == complete_all(plain, prompts, max_tokens=64)
-    assert ours.metrics()["vllm:num_preemptions_total"] > preemptions
+    # Prompts of one block (< 128 tokens) grow into a second one while decoding: running rows are
+    # preempted, unless the requests happen to reach the server spread out (2 rounds in 24 under
+    # load, 2026-12-01): then another round, new prompts.
+    for seed in range(2, 2 + PREEMPTION_ROUNDS):
+        prompts = token_prompts(MAX_NUM_SEQS, seed=seed, length=(100, 120))
+        assert complete_all(ours, prompts, max_tokens=64) == complete_all(plain, prompts, max_tokens=64)
+        if ours.metrics()["vllm:num_preemptions_total"] > preemptions:
+            break
+    assert ours.metrics()["vllm:num_preemptions_total"] > preemptions, f"no preemption in {PREEMPTION_ROUNDS} rounds"
     check_counters_and_retirement(ours, before)  # a draft vLLM dropped when it preempted is not counted
 
 
