@@ -265,8 +265,8 @@ def test_serve_preemption_equal_no_speculation(servers):
     ours, plain = servers
     preemptions, before = ours.metrics()["vllm:num_preemptions_total"], counters(ours)
     # Prompts of one block (< 128 tokens) grow into a second one while decoding: running rows are
-    # preempted, unless the requests happen to reach the server spread out (2 rounds in 24 under
-    # load, 2026-12-01): then another round, new prompts.
+    # preempted, but not in every round (the timing decides; none in 3 rounds of 39 on a loaded
+    # machine, 2026-12-01): then another round, new prompts.
     for seed in range(2, 2 + PREEMPTION_ROUNDS):
         prompts = token_prompts(MAX_NUM_SEQS, seed=seed, length=(100, 120))
         assert complete_all(ours, prompts, max_tokens=64) == complete_all(plain, prompts, max_tokens=64)
