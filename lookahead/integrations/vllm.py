@@ -360,10 +360,10 @@ class LookupProposer:
                 ours.append(len(sent) if sent and moved and key in self._last_keys else 0)
                 theirs.append(0)
                 continue
-            checked = list(spec[row])
-            mine = bool(checked) and moved and checked == sent[: len(checked)]
-            ours.append(len(checked) if mine else 0)
-            theirs.append(len(checked) if checked and not mine and sampled[row] else 0)
+            checked = len(spec[row])  # vLLM's list of this step's drafted tokens, read in place
+            mine = checked > 0 and moved and spec[row] == sent[:checked]
+            ours.append(checked if mine else 0)
+            theirs.append(checked if checked and not mine and sampled[row] else 0)
         return ours, theirs
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
