@@ -178,6 +178,29 @@ def test_the_sizer_follows_the_step_times_it_is_taught():
     assert size(sizer, 8, 16, costs) == 15 > dear  # 15 drafted + its own token: the widest block taught cheap
 
 
+def test_one_row_prices_as_cost_does_for_every_cost_model():
+    # one_row is the sizer's per-step path (plain Python, only the widths asked for); cost() the array one
+    rng = np.random.default_rng(1)
+    learnt = StepCosts(SECONDS)
+    for _ in range(200):
+        learnt.observe(1, int(rng.choice([1, 2, 3, 4, 7, 9, 16, 20, 64, 80])), float(rng.uniform(0.05, 0.4)))
+        for last in (1, 5, 17, 64, 90):
+            assert learnt.one_row(last) == pytest.approx(learnt.cost(1, np.arange(last + 1)), rel=1e-12)
+    for model in (LINEAR, LineCost(7.0), StepCosts(SECONDS)):
+        for last in (2, 17, 64, 90):
+            assert model.one_row(last) == pytest.approx(model.cost(1, np.arange(last + 1)), rel=1e-12)
+
+
+def test_chain_size_is_the_first_best_width():
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        curve = CostCurve(np.concatenate([[1.0], np.maximum.accumulate(1 + rng.uniform(0, 0.3, 65).round(1))]))
+        a, available = float(rng.uniform(0, 1)), int(rng.integers(0, 70))
+        widths, capped = np.arange(1, available + 2), min(a, 0.999)
+        worth = (1 - capped**widths) / (1 - capped) / curve.cost(1, widths)  # E(n) / cost(1, n + 1) over every n at once
+        assert chain_size(a, available, curve) == int(np.argmax(worth))  # argmax: the first of equals
+
+
 @pytest.mark.parametrize("points", [[1, 2, 3], [2, 2, 2, 2, 2, 2, 2], [1, 1, float("nan"), 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, -1]])
 def test_bad_cost_curves_are_refused(points):
     with pytest.raises(ValueError, match="cost curve"):

@@ -4,6 +4,9 @@
 plain one-row step (1 at (1, 1)); `fixed_cost_tokens` is h = F / p of the step time
 F + p * tokens: how many verified tokens cost as much as the step's fixed part.
 
+Each also gives `one_row(last)`: the relative costs of one-row blocks of 0..last tokens as a
+Python list, what a one-row sizer reads every step (no numpy call on that path).
+
 - `CostCurve`: a fixed relative curve costs[n] over n tokens (`cost_curve`; `verify_costs`).
 - `StepCosts`: that curve learnt width by width from a loop's own one-row steps, seeded by a calibration.
 - `LineCost`: the line F + p * rows * width at a fixed h; `StepCostFit` learns h from steps.
@@ -61,11 +64,22 @@ class CostCurve:
         beyond = self.costs[last] + (n - last) * (self.costs[last] - self.costs[last - 1])
         return np.where(n <= last, self.costs[np.minimum(n, last)], beyond)
 
+    def one_row(self, last: int) -> list[float]:
+        """cost(1, n) for n in 0..last as a list (index 0 unused)."""
+        return extend_linearly(self.costs[: last + 1].tolist(), last)
+
     @property
     def fixed_cost_tokens(self) -> float:
         if self._fixed is None:
             self._fixed = line_through(self.cost(1, np.asarray(SIZES)))
         return self._fixed
+
+
+def extend_linearly(costs: list[float], last: int) -> list[float]:
+    """`costs` (>= 3 entries) continued to index `last` along its last segment, as CostCurve.cost prices past its end."""
+    end = len(costs) - 1
+    step = costs[end] - costs[end - 1]
+    return costs + [costs[end] + (n - end) * step for n in range(end + 1, last + 1)]
 
 
 class StepCosts(CostCurve):
@@ -82,7 +96,8 @@ class StepCosts(CostCurve):
     block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
     priced as that narrower block, so the sizer verifies the wider one.
 
-    Cost: a few numpy operations over 65 widths and a pass over the seen widths (NOISE) per observed step.
+    Cost: `one_row` prices only the widths a step reads, in plain Python (a few µs); `observe` is a
+    list update, and a numpy pass over the 65 widths the first time a width is seen.
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
@@ -95,10 +110,10 @@ class StepCosts(CostCurve):
         self.seed = np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
         if self.seed.shape != (len(SIZES),) or not (self.seed > 0).all():
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
-        widths = np.arange(SIZES[-1] + 1)
-        self.calibrated = np.interp(widths, SIZES, self.seed)  # (65,) seconds per width (index 0 unused)
-        self.seconds = self.calibrated.copy()  # (65,) learnt seconds where seen
-        self.seen = np.zeros(widths.shape[0], dtype=bool)
+        # Python lists, not arrays: a step reads and writes single widths (one_row, observe).
+        self.calibrated = np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed).tolist()  # seconds per width (index 0 unused)
+        self.seconds = list(self.calibrated)  # learnt seconds where seen
+        self.seen = [False] * (SIZES[-1] + 1)
         self.decay = decay
         self._anchors()
         super().__init__(self.relative())
@@ -131,32 +146,47 @@ class StepCosts(CostCurve):
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
-        # the seen width its estimate starts from and its calibrated seconds, and
-        # the nearest seen wider width (a cap), with whether there is one.
+        # the seen width its estimate starts from, and the nearest seen wider width (a cap) or None.
         last = SIZES[-1]
         widths = np.arange(last + 1)
-        below = np.maximum.accumulate(np.where(self.seen, widths, 0))  # nearest seen width <= w (0: none)
-        above = np.minimum.accumulate(np.where(self.seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
-        self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths))
-        self._anchor_calibrated = self.calibrated[self._anchor]
-        self._capped = above <= last
-        self._cap = np.minimum(above, last)
-        self._seen_widths = np.flatnonzero(self.seen).tolist()  # narrow to wide
+        seen = np.asarray(self.seen)
+        below = np.maximum.accumulate(np.where(seen, widths, 0))  # nearest seen width <= w (0: none)
+        above = np.minimum.accumulate(np.where(seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
+        self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths)).tolist()
+        self._cap = [int(a) if a <= last else None for a in above]
+        self._seen_widths = np.flatnonzero(seen).tolist()  # narrow to wide
 
     def relative(self) -> np.ndarray:
         """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
-        seconds = self.seconds.copy()  # noise-levelled below
+        return np.asarray(self.one_row(SIZES[-1]))
+
+    def one_row(self, last: int) -> list[float]:
+        """costs[n], n in 0..last, relative to a plain step (index 0 unused), pricing only those widths.
+
+        Cost: a pass over the seen widths up to the cap of the widest, then one over the widths
+        (a few µs for a 17-token block; numpy's per-call overhead would be most of it).
+        """
+        top = min(last, SIZES[-1])
+        anchor, cap, calibrated = self._anchor, self._cap, self.calibrated
+        through = top if cap[top] is None else cap[top]  # the widest width the estimates read
+        seconds = self.seconds[: through + 1]  # noise-levelled below
         level = None
         for w in self._seen_widths:
+            if w > through:
+                break
             if level is not None and seconds[w] <= level * (1 + self.NOISE):
                 seconds[w] = min(seconds[w], level)  # within noise of a narrower seen block: no dearer
             else:
                 level = seconds[w]
-        estimate = seconds[self._anchor] + self.calibrated - self._anchor_calibrated
-        np.minimum(estimate, seconds[self._cap], out=estimate, where=self._capped)
-        np.maximum(estimate, 1e-9, out=estimate)
-        estimate[0] = estimate[1]
-        return estimate / estimate[1]
+        estimate = []
+        for w in range(top + 1):
+            a, c = anchor[w], cap[w]
+            e = seconds[a] + calibrated[w] - calibrated[a]
+            if c is not None and seconds[c] < e:
+                e = seconds[c]  # never dearer than a seen wider block
+            estimate.append(max(e, 1e-9))
+        estimate[0] = one = estimate[1]
+        return extend_linearly([e / one for e in estimate], last)
 
 
 class LineCost:
@@ -175,6 +205,11 @@ class LineCost:
         """Relative cost of a (rows, width) block; `width` an int or an int array."""
         h = self.fixed_cost_tokens
         return (h + rows * width) / (h + 1)
+
+    def one_row(self, last: int) -> list[float]:
+        """cost(1, n) for n in 0..last as a list (index 0 unused)."""
+        h = self.fixed_cost_tokens
+        return [(h + n) / (h + 1) for n in range(last + 1)]
 
 
 class StepCostFit(LineCost):

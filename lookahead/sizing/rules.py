@@ -14,15 +14,19 @@ batch, which runs until its last row ends (`static_batch_draft_sizes`; for one r
 import numpy as np
 
 MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
-_WIDTHS = np.arange(66)  # read-only block widths, sliced per call
-_WIDTHS.flags.writeable = False
 
 
 def chain_size(keep_chance: float, available: int, cost) -> int:
-    """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)."""
+    """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)
+    (the first of equals). Plain Python: it runs every step, over at most a few dozen widths."""
     a = min(keep_chance, MAX_CHANCE)
-    widths = _WIDTHS[1 : available + 2] if available < _WIDTHS.shape[0] - 1 else np.arange(1, available + 2)  # n + 1
-    return int(np.argmax((1 - a**widths) / (1 - a) / cost.cost(1, widths)))
+    costs = cost.one_row(available + 1)
+    best, best_worth = 0, 0.0
+    for n in range(available + 1):
+        worth = (1 - a ** (n + 1)) / (1 - a) / costs[n + 1]
+        if worth > best_worth:
+            best, best_worth = n, worth
+    return best
 
 
 def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> int:
