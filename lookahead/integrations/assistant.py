@@ -159,12 +159,12 @@ class TransformersAssistant:
 
         chain, size, draft = self._draft(request, input_ids, max_new_tokens)
         sampling = bool(generation_config.do_sample)
-        last, eos = int(input_ids[0, -1]), self.drafter.eos_token_ids
-        if not len(draft) and max_new_tokens > 0 and (sampling or last in eos):
+        if not len(draft) and max_new_tokens > 0 and (sampling or int(input_ids[0, -1]) in self.drafter.eos_token_ids):
             # A free guess (a wrong one costs one verified position): the sampling branch needs at
             # least one candidate (an empty block breaks its slicing); and before transformers 5.2x
             # the loop checks its stopping criteria on the candidates, so an empty draft after a
             # prompt ending in EOS ended generation where plain generate writes on. Never an EOS.
+            last, eos = int(input_ids[0, -1]), self.drafter.eos_token_ids
             guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
             draft = Draft.chain(np.asarray([guess], dtype=np.int64))
         request.commit(chain, size, draft)
@@ -173,8 +173,11 @@ class TransformersAssistant:
         self.step_started = (time.perf_counter(), len(draft) + 1) if not new_request else None
 
         device = input_ids.device
-        candidates = torch.tensor(draft.token_ids, dtype=input_ids.dtype, device=device)[None, :]  # from the array: no Python list
-        sequences = torch.cat((input_ids, candidates), dim=1)
+        if len(draft):  # a non-empty draft's ids are a fresh array (the trie's path): shared, not copied, on the CPU
+            candidates = torch.from_numpy(draft.token_ids).to(device=device, dtype=input_ids.dtype)[None, :]
+            sequences = torch.cat((input_ids, candidates), dim=1)
+        else:
+            candidates, sequences = input_ids[:, :0], input_ids
         if sampling:
             scores = one_hot_scores(candidates[0], self.target_vocab_size, device)
         else:  # never read for greedy (transformers stacks them): one placeholder per device, made once
