@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
@@ -269,7 +270,8 @@ def test_loop_overhead_rows_add_up_and_the_compact_vocabulary_keeps_every_step(t
     code, out, _ = run_json(capsys, "--loop-overhead", "--traces", str(a), str(b), "--max-new-tokens", "30", "--repeats", "2")
     assert code == 0
     rows = out["results"]
-    assert [(r["file"], r["method"]) for r in rows] == [(f, m) for f in ("a.jsonl", "b.jsonl") for m in CORE + [loop_overhead.ASSISTED_FLOOR]]
+    floors = [loop_overhead.ASSISTED_FLOOR, loop_overhead.ASSISTED_REPLAY]
+    assert [(r["file"], r["method"]) for r in rows] == [(f, m) for f in ("a.jsonl", "b.jsonl") for m in CORE + floors]
     tasks = {name: [traces.forced_trace_task(r, 30) for r in loaded] for name, loaded in traces.read_traces([a, b], 3, None).items()}
     distinct = {i for requests in tasks.values() for t in requests for i in t.prompt + t.reference + [t.eos_token_id]}  # 49, beyond the cut, too
     assert out["vocab"] == len(distinct)
@@ -282,6 +284,9 @@ def test_loop_overhead_rows_add_up_and_the_compact_vocabulary_keeps_every_step(t
     assert by["a.jsonl", "greedy"]["x_greedy"] == 1.0 and by["a.jsonl", e2e.PLD]["x_pld"] == 1.0
     assert by["a.jsonl", "greedy"]["forwards"] == by["a.jsonl", "greedy"]["tokens"] == 60
     assert by["a.jsonl", loop_overhead.ASSISTED_FLOOR]["forwards"] == 60  # transformers' assisted loop, one token per step
+    # our drafts replayed: our steps exactly (in one run: ours sizes by its step times, so repeats may differ)
+    once = {r["method"]: r for r in loop_overhead.loop_overhead([a], requests=2, max_new_tokens=30, dtype=torch.float32, device="cpu")[0]}
+    assert once[loop_overhead.ASSISTED_REPLAY]["forwards"] == once["lookahead assistant_model"]["forwards"] < once["greedy"]["forwards"]
     # the ids mapped one to one: prompt lookup takes the same steps as at the traces' own ids
     compact, vocab = loop_overhead.compact_vocabulary(tasks)
     assert vocab == len(distinct) and compact["a.jsonl"][0].eos_token_id == vocab - 1  # 49, the largest id, maps to the last

@@ -6,8 +6,12 @@ This mode makes the forward nearly free and measures the rest: a 1-layer random 
 (OVERHEAD_SHAPE) over the traces' requests, forced in the forward to their recorded outputs,
 each forward timed inside hooks (synchronised on CUDA), methods taking turns on each request.
 
-Beside the methods, transformers' assisted loop with an assistant that never drafts
-(ASSISTED_FLOOR): the part of `assistant_model=`'s cost that is transformers' loop itself.
+Beside the methods, transformers' assisted loop twice more: with an assistant that never
+drafts (ASSISTED_FLOOR), the part of `assistant_model=`'s cost that is transformers' loop
+itself; and with one that offers, at no cost, the very drafts our `assistant_model=` offered
+at the same step (ASSISTED_REPLAY: recorded as ours ran on the request just before, so its
+steps are ours), the part that is transformers' handling of those drafts. What ours costs
+above the second is our drafting, sizing and bookkeeping.
 
 Vocabulary: the traces' ids are mapped one to one onto 0..U-1, U the distinct ids of the
 requests run (a few thousand for 3 requests per file, against Llama-3's 128,256), so the LM
@@ -29,6 +33,9 @@ from lookahead.integrations.assistant import AssistantConfig
 
 # transformers' assisted loop with an assistant that never drafts: what `assistant_model=` costs before any drafter's work.
 ASSISTED_FLOOR = "hf assisted loop, no drafts"
+# ... and with one replaying our assistant's drafts of the same request: transformers' own work with our drafts.
+ASSISTED_REPLAY = "hf assisted loop, our drafts replayed"
+OURS = "lookahead assistant_model"  # the method whose drafts are replayed
 
 # Forward well under a millisecond on one CPU thread: 1 layer, hidden 64.
 OVERHEAD_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -77,7 +84,10 @@ def loop_overhead(paths, *, requests: int, max_new_tokens: int, dtype, device: s
     model = build_model(shape=OVERHEAD_SHAPE, vocab=vocab, dtype=dtype, device=device)
     methods = select_methods(methods_spec)
     if methods_spec is None:
+        drafts = {}  # (prompt, sequence length) -> what our assistant offered there
+        methods = [(name, recording(make, drafts) if name == OURS else make) for name, make in methods]
         methods.append((ASSISTED_FLOOR, lambda: dict(assistant_model=NoDrafts(vocab, model.device))))
+        methods.append((ASSISTED_REPLAY, lambda: dict(assistant_model=Replayed(vocab, model.device, drafts))))
     rows = bench_model(model, tasks, methods, repeats=repeats, label="file", forward_time=True, summary=overhead_summary)
     return rows, vocab
 
@@ -98,6 +108,45 @@ class NoDrafts:
 
     def generate(self, input_ids, **kwargs):
         return SimpleNamespace(sequences=input_ids, scores=self.scores, cache=None, past_key_values=None)
+
+
+def prompt_key(input_ids, kwargs, key: list):
+    """(the request's prompt, the sequence's length): the prompt read at a request's first call (no cache passed yet), into key[0]."""
+    if "cache" not in kwargs and "past_key_values" not in kwargs:
+        key[0] = hash(tuple(input_ids[0].tolist()))
+    return key[0], input_ids.shape[1]
+
+
+def recording(make, drafts: dict):
+    """`make` (a method's options with an `assistant_model=` LookupDrafter), its drafter's answers
+    recorded into `drafts`: a dict update and a tensor view per step on top of its own work."""
+    def make_recording():
+        options = make()
+        drafter, key = options["assistant_model"], [None]
+        generate = drafter.generate
+
+        def recorded(input_ids, **kwargs):
+            at = prompt_key(input_ids, kwargs, key)
+            out = generate(input_ids, **kwargs)
+            drafts[at] = (out.sequences[:, input_ids.shape[1] :], out.scores)
+            return out
+
+        drafter.generate = recorded  # the instance's, not the class's
+        return options
+    return make_recording
+
+
+class Replayed(NoDrafts):
+    """An `assistant_model=` offering what our assistant offered at the same request and length
+    (`recording`), without drafting: transformers' assisted loop with our drafts, at no drafter's cost."""
+
+    def __init__(self, vocab: int, device, drafts: dict):
+        super().__init__(vocab, device)
+        self.drafts, self.key = drafts, [None]
+
+    def generate(self, input_ids, **kwargs):
+        candidates, scores = self.drafts[prompt_key(input_ids, kwargs, self.key)]
+        return SimpleNamespace(sequences=torch.cat((input_ids, candidates), dim=1), scores=scores, cache=None, past_key_values=None)
 
 
 def overhead_summary(per_run: list[dict[str, dict]], method: str) -> dict:
