@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
@@ -122,6 +123,26 @@ def test_calibration_keeps_each_width_fastest_round_and_never_prices_a_wider_blo
     assert costs[16] == pytest.approx((0.1 + 0.16) / 0.11)  # the stalled rounds did not count
     assert costs[64] == 1.0  # measured 20x cheaper than one token: priced as one token
     assert tree_over_chain_16(model) == pytest.approx(1.0)  # the tree's 16 nodes cost what 16 chain tokens do
+
+
+def test_the_calibrated_tree_and_chain_steps_are_our_loops_and_leave_the_cache_as_found(monkeypatch):
+    from lookahead.draft import Draft
+    from lookahead.integrations import row_cache
+    from lookahead.integrations.hf import cache_inputs, new_cache
+
+    model = tiny_model("llama")
+    prefix = list(range(3, 40))
+    gathered = []  # tail gathers: a tree step packs its kept path to the block's front
+    gather = row_cache.gather_cache_tail
+    monkeypatch.setattr(row_cache, "gather_cache_tail", lambda *args: gathered.append(1) or gather(*args))
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(input_ids=torch.tensor([prefix]), **cache_inputs(model, cache))
+        nodes = np.arange(16, dtype=np.int64) + 50
+        chain, tree = Draft.chain(nodes, 8), Draft(nodes, np.array([-1, *range(7), -1, *range(8, 15)]), 8)
+        for draft, kept, gathers in ((chain, list(range(9)), 0), (tree, [0, *range(9, 17)], 1)):
+            assert calibration.loop_step(model, cache, prefix, draft, kept, torch.float32) > 0
+            assert cache.get_seq_length() == len(prefix) and len(gathered) == gathers
 
 
 SECONDS = np.array([0.10, 0.10, 0.12, 0.16, 0.24, 0.40, 0.72])  # a calibration: 16 tokens cost 2.4x one

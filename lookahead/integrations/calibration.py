@@ -1,12 +1,16 @@
 """`verify_costs`: what verifying n drafted tokens costs on a model, measured once per shape, device and dtype."""
 
+import functools
 import time
 
 import numpy as np
 import torch
 
-from lookahead.integrations.hf import cache_inputs, drop_cache_tail, new_cache
+from lookahead.draft import Draft
+from lookahead.integrations.hf import cache_inputs, drop_cache_tail, new_cache, supports_logits_to_keep
+from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import tree_support
+from lookahead.integrations.verify import build_block, forward_block
 from lookahead.sizing.cost import SIZES, LoopCosts, StepCosts, cost_curve
 
 CALIBRATED: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
@@ -33,11 +37,12 @@ def loop_costs(model) -> LoopCosts:
 
 
 def tree_over_chain_16(model) -> float:
-    """Time of a forward pass over a 16-node tree (explicit 4D mask, as our loop verifies
-    trees) over a 16-token chain's (the model's own causal mask): what the tree's mask path
-    adds to a block of its width (nan for a family without trees)."""
+    """Time of our loop's step over a 16-node tree (its block and explicit 4D mask built, the
+    forward, the kept path gathered into the cache) over its step over a 16-token chain (the
+    model's own causal mask, the cache cropped): what a tree step adds to a block of its width,
+    the host's share included (nan for a family without trees)."""
     times = _calibrate(model)
-    return float(times["tree16"] / times["chain"][SIZES.index(16)])
+    return float(times["tree16"] / times["chain16"])
 
 
 def timed_forward(model, run) -> float:
@@ -51,11 +56,12 @@ def timed_forward(model, run) -> float:
 
 
 def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
-    """{"chain": seconds per forward over SIZES new tokens, "tree16": seconds over a 16-node
-    tree with an explicit mask}, after `context` cached tokens; measured once per model shape.
+    """{"chain": seconds per forward over SIZES new tokens; "chain16", "tree16": seconds of our
+    loop's step over a 16-token chain and a 16-node tree (nan without trees)}, after `context`
+    cached tokens; measured once per model shape.
 
-    Cost: (repeats + 1) forward passes over each of SIZES and the tree (0.3-3 s for a 0.5B
-    model on a 2-core CPU)."""
+    Cost: (repeats + 1) forward passes over each of SIZES and the two steps (0.3-3 s for a
+    0.5B model on a 2-core CPU)."""
     config = model.config
     text = config.get_text_config()
     key = (type(model).__name__, text.hidden_size, text.num_hidden_layers, text.vocab_size, str(model.device), str(model.dtype))
@@ -63,33 +69,56 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
         return CALIBRATED[key]
     generator = torch.Generator().manual_seed(0)
     vocab = text.vocab_size
-    prefix = torch.randint(0, vocab, (1, context), generator=generator).to(model.device)
-    # A block of each shape, and a 16-node tree: two branches of 8 under the last cached token.
+    prefix = torch.randint(0, vocab, (1, context), generator=generator)
     blocks = [torch.randint(0, vocab, (1, size), generator=generator).to(model.device) for size in SIZES]
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32
-    visible = torch.ones(16, 16, dtype=torch.bool).tril_()
-    visible[8:, :8] = False
-    mask = torch.zeros((1, 1, 16, context + 16), dtype=dtype, device=model.device)
-    mask[0, 0, :, context:].masked_fill_(~visible.to(model.device), torch.finfo(dtype).min)
-    positions = torch.tensor([[context + (i % 8) for i in range(16)]], device=model.device)
-    tree = dict(input_ids=blocks[SIZES.index(16)], attention_mask=mask, position_ids=positions)
-    shapes = [dict(input_ids=block) for block in blocks] + ([tree] if tree_support(model) is None else [])  # tree16: nan without trees
-    samples = [[] for _ in shapes]
     with torch.inference_mode():
         cache = new_cache(model)
-        model(input_ids=prefix, **cache_inputs(model, cache))
+        model(input_ids=prefix.to(model.device), **cache_inputs(model, cache))
         drop_cache_tail(cache, 0)  # a recording sliding-window layer cut back to its window, as after every step
+
+        def forward(block):
+            seconds = timed_forward(model, lambda: model(**cache_inputs(model, cache), input_ids=block))
+            drop_cache_tail(cache, block.shape[1])
+            return seconds
+
+        runs = [functools.partial(forward, block) for block in blocks]
+        if tree_support(model) is None:
+            # The last cached token, then 16 nodes: a chain keeping 8 (a crop), or two branches of 8 keeping the second (a gather).
+            nodes = torch.randint(0, vocab, (16,), generator=generator).numpy()
+            chain = Draft.chain(nodes, 8)
+            tree = Draft(nodes, np.array([-1, *range(7), -1, *range(8, 15)]), 8)
+            context_ids = prefix[0].tolist()
+            runs += [functools.partial(loop_step, model, cache, context_ids, chain, list(range(9)), dtype),
+                     functools.partial(loop_step, model, cache, context_ids, tree, [0, *range(9, 17)], dtype)]
         # Rounds over every shape, the first to warm them up; each shape's fastest round counts.
         # Another process on the machine only ever adds time, and taking turns spreads it over
         # the shapes rather than onto one of them.
+        samples = [[] for _ in runs]
         for _ in range(repeats + 1):
-            for shape, times in zip(shapes, samples):
-                width = shape["input_ids"].shape[1]
-                times.append(timed_forward(model, lambda: model(**cache_inputs(model, cache), **shape)))
-                drop_cache_tail(cache, width)
+            for run, times in zip(runs, samples):
+                times.append(run())
     fastest = [min(times[1:]) for times in samples]
     # A wider block streams the same weights as one token and computes more: never cheaper.
     chain = np.maximum(np.asarray(fastest[: len(SIZES)]), fastest[0])
-    tree16 = max(fastest[-1], fastest[0]) if len(shapes) > len(SIZES) else float("nan")
-    CALIBRATED[key] = {"chain": chain, "tree16": tree16}
+    chain16, tree16 = fastest[len(SIZES) :] if len(runs) > len(SIZES) else (float("nan"), float("nan"))
+    CALIBRATED[key] = {"chain": chain, "chain16": chain16, "tree16": tree16}
     return CALIBRATED[key]
+
+
+def loop_step(model, cache, context_ids: list[int], draft: Draft, kept: list[int], dtype) -> float:
+    """Seconds of our loop's step over `draft` after the cached `context_ids` (one row), as
+    lookahead.generate takes it: the block built, the forward, the choices read (the sync the
+    walk makes), the `kept` block entries kept in the cache; the cache restored after."""
+    rows = RowCache(cache, 1)
+    rows.keep([0], [list(range(len(context_ids)))], len(context_ids))  # the cached context, no holes
+
+    def step():
+        block = build_block([context_ids], [draft], [0], rows, uncached=1, dtype=dtype)
+        logits, _ = forward_block(model, block, rows, supports_logits_to_keep(model), model.device)
+        logits[0].argmax(dim=-1).tolist()
+        rows.keep([0], [kept], block.tokens.shape[1])
+
+    seconds = timed_forward(model, step)
+    drop_cache_tail(cache, len(kept))
+    return seconds

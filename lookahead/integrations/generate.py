@@ -34,21 +34,22 @@ from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import loop_costs, tree_over_chain_16
 from lookahead.integrations.hf import (
-    cache_inputs, cache_rows_gatherable, decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
-    streamer_dropped_by_transformers, supports_logits_to_keep, takes, vocab_size,
+    cache_rows_gatherable, decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
+    streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
 )
 from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support
-from lookahead.integrations.verify import build_block, greedy_choices, stop_index, walk
+from lookahead.integrations.verify import build_block, forward_block, greedy_choices, stop_index, walk
 from lookahead.request import Request
 from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 
-# tree=None drafts trees where a 16-node tree, verified with its explicit mask, costs at most
-# this many times a 16-token chain with the model's own mask (calibration.tree_over_chain_16):
-# a tree's worth is hedging at a chain's price (replayed on 60 requests per dev file under this
-# CPU's curves, sized trees yield -0.6% to +3.5% tokens per unit of verify cost against sized
-# chains), which a dearer mask path loses; differences within NOISE are not measurable.
+# tree=None drafts trees where our step over a 16-node tree (its explicit mask built, the kept
+# path gathered into the cache) costs at most this many times our step over a 16-token chain
+# (calibration.tree_over_chain_16): a tree's worth is hedging at a chain's price (replayed on 60
+# requests per dev file under this CPU's curves, sized trees yield -0.6% to +3.5% tokens per
+# unit of verify cost against sized chains), which a dearer mask path or the host work around
+# it (where the forward is fast) loses; differences within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
 
 
@@ -101,7 +102,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             to the nodes that cost no more than that chain.
         assistant: the same, under the name transformers' custom_generate convention uses.
         tree: draft trees, or chains (default: trees where the family supports them and
-            the calibration finds a 16-node tree's explicit mask no dearer than a 16-token
+            the calibration finds our step over a 16-node tree no dearer than over a 16-token
             chain, within TREE_MAX_OVER_CHAIN).
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
@@ -184,7 +185,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
                             cache, uncached=u, dtype=dtype)
-        logits, first_logit = _forward(model, block, cache, logits_to_keep, device)
+        logits, first_logit = forward_block(model, block, cache, logits_to_keep, device)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
@@ -243,21 +244,6 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
     nodes = tree_nodes(widest, options.max_tree_nodes, cost, rows=len(active))
     return [row.request.commit(chain, size, row.request.drafter.grow_tree(nodes) if size else None)
             for row, chain, size in zip(active, chains, sizes)]
-
-
-def _forward(model, block, cache: RowCache, logits_to_keep: bool, device) -> tuple[torch.Tensor, int]:
-    """(rows, entries, vocab) logits of the block in the model's dtype, and the block entry of logits row 0.
-
-    Logits only where the walk reads them: the last uncached token and the draft nodes (a
-    prompt's logits over a large vocabulary would cost more than the forward pass)."""
-    width, u = block.tokens.shape[1], block.uncached
-    keep = {"logits_to_keep": width - u + 1} if logits_to_keep else {}
-    if block.attention is not None:
-        keep["attention_mask"] = block.attention.to(device)
-    if takes(type(model), "position_ids"):  # as plain generate passes them (a RoBERTa-style family would offset its own)
-        keep["position_ids"] = block.positions.to(device)
-    out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
-    return out.logits, (u - 1 if logits_to_keep else 0)
 
 
 def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool) -> list[Row]:

@@ -1,4 +1,4 @@
-"""One verify step's pieces: the block of R rows, the target's walk down it, the stop check.
+"""One verify step's pieces: the block of R rows, its forward pass, the target's walk down it, the stop check.
 
 A step's block holds, per row, its u uncached tokens (the padded prompt on the first step,
 else its last own token) and its draft, right-padded with fill to the step's width W.
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lookahead.draft import Draft
-from lookahead.integrations.hf import first_stop
+from lookahead.integrations.hf import cache_inputs, first_stop, takes
 from lookahead.integrations.row_cache import RowCache
 
 
@@ -97,6 +97,21 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
         attention[:, 0, :, :slots].masked_fill_(~cache.real[:, None, :], low)
     attention[:, 0, :, slots:].masked_fill_(torch.from_numpy(~visible), low)
     return Block(tokens, positions, attention, ids, parents, skips, u, True)
+
+
+def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -> tuple[torch.Tensor, int]:
+    """(rows, entries, vocab) logits of the block in the model's dtype, and the block entry of logits row 0.
+
+    Logits only where the walk reads them: the last uncached token and the draft nodes (a
+    prompt's logits over a large vocabulary would cost more than the forward pass)."""
+    width, u = block.tokens.shape[1], block.uncached
+    keep = {"logits_to_keep": width - u + 1} if logits_to_keep else {}
+    if block.attention is not None:
+        keep["attention_mask"] = block.attention.to(device)
+    if takes(type(model), "position_ids"):  # as plain generate passes them (a RoBERTa-style family would offset its own)
+        keep["position_ids"] = block.positions.to(device)
+    out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
+    return out.logits, (u - 1 if logits_to_keep else 0)
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
