@@ -159,14 +159,15 @@ class TransformersAssistant:
 
         chain, size, draft = self._draft(request, input_ids, max_new_tokens)
         sampling = bool(generation_config.do_sample)
-        if not len(draft) and max_new_tokens > 0 and (sampling or int(input_ids[0, -1]) in self.drafter.eos_token_ids):
-            # A free guess (a wrong one costs one verified position): the sampling branch needs at
-            # least one candidate (an empty block breaks its slicing); and before transformers 5.2x
-            # the loop checks its stopping criteria on the candidates, so an empty draft after a
-            # prompt ending in EOS ended generation where plain generate writes on. Never an EOS.
+        if not len(draft) and max_new_tokens > 0:  # the last token read only here: a device sync on a GPU
             last, eos = int(input_ids[0, -1]), self.drafter.eos_token_ids
-            guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
-            draft = Draft.chain(np.asarray([guess], dtype=np.int64))
+            if sampling or last in eos:
+                # A free guess (a wrong one costs one verified position): the sampling branch needs at
+                # least one candidate (an empty block breaks its slicing); and before transformers 5.2x
+                # the loop checks its stopping criteria on the candidates, so an empty draft after a
+                # prompt ending in EOS ended generation where plain generate writes on. Never an EOS.
+                guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
+                draft = Draft.chain(np.asarray([guess], dtype=np.int64))
         request.commit(chain, size, draft)
         # Timed from here to the next call: the target's verify forward and the loop around it;
         # the first step of a request also prefills the prompt, so it is not timed.
