@@ -58,11 +58,8 @@ class CostCurve:
 
     def cost(self, rows: int, width):
         """Relative cost of a (rows, width) block; `width` an int or an int array."""
-        n, last = rows * np.asarray(width), self.costs.shape[0] - 1
-        if n.max() <= last:
-            return self.costs[n]
-        beyond = self.costs[last] + (n - last) * (self.costs[last] - self.costs[last - 1])
-        return np.where(n <= last, self.costs[np.minimum(n, last)], beyond)
+        n = rows * np.asarray(width)
+        return np.asarray(self.one_row(int(n.max())))[n]
 
     def one_row(self, last: int) -> list[float]:
         """cost(1, n) for n in 0..last as a list (index 0 unused)."""
@@ -116,7 +113,7 @@ class StepCosts(CostCurve):
         self.seen = [False] * (SIZES[-1] + 1)
         self.decay = decay
         self._anchors()
-        super().__init__(self.relative())
+        self._fixed = None
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """Learns from a one-row step over `width` tokens (beyond 64: as 64) that took `seconds`
@@ -130,19 +127,7 @@ class StepCosts(CostCurve):
             self.seconds[w] = seconds
             self.seen[w] = True
             self._anchors()
-        self._costs, self._fixed = None, None  # priced again when next read
-
-    @property
-    def costs(self) -> np.ndarray:
-        """costs[n], n in 0..64 (relative()), computed when first read after an observation: a step
-        that prices nothing (no draft) pays nothing for it."""
-        if self._costs is None:
-            self._costs = self.relative()
-        return self._costs
-
-    @costs.setter
-    def costs(self, costs) -> None:
-        self._costs = costs
+        self._fixed = None  # priced again when next read
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
