@@ -1,6 +1,7 @@
 """`lookahead bench`: the timing pipeline on trace files, at a tiny shape (correctness only, nothing timed)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
+from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 VOCAB = 50
@@ -43,6 +45,9 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
     code, out, _ = run_json(capsys, "--traces", str(a), str(b), "--vocab-size", str(VOCAB), "--requests", "2", "--max-new-tokens", "40")
     assert code == 0
     assert out["dtypes"] == ["float32", "bfloat16"]  # the default with --traces
+    assert set(out["tree_none"]) == {"float32", "bfloat16"}  # what lookahead.generate's tree=None drafted, per dtype
+    for choice in out["tree_none"].values():  # a family with trees: decided by the calibrated ratio
+        assert (choice["drafts"] == "trees") == (choice["tree_over_chain_16"] <= TREE_MAX_OVER_CHAIN), choice
     rows = out["results"]
     assert [(r["file"], r["dtype"], r["method"]) for r in rows] == [
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE
@@ -134,6 +139,7 @@ def test_table_output_names_the_caption_and_every_method(tiny, tmp_path, capsys)
     assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "16"]) == 0
     out = capsys.readouterr().out
     assert "prefill included" in out and "vs PLD k=16" in out
+    assert re.search(r"tree=None \(lookahead.generate's default\) drafted (trees|chains) in float32 \(a 16-node tree step [0-9.]+x", out)
     assert all(m in out for m in CORE)
 
 

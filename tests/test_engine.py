@@ -313,6 +313,7 @@ def test_default_drafts_trees_only_where_their_mask_costs_what_a_chain_does(monk
     got = lookahead.generate(model, torch.tensor([prompt]), drafter=Spy(cost_aware=False), max_new_tokens=12, do_sample=False)
     assert got.tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False).tolist()
     assert bool(calls) == trees
+    assert generate_module.default_tree(model) == trees  # what `lookahead bench` reports tree=None drafted
 
 
 def test_the_whole_output_reaches_memory_the_last_block_included():

@@ -35,6 +35,8 @@ from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
     Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
 )
+from lookahead.integrations.calibration import tree_over_chain_16
+from lookahead.integrations.generate import default_tree
 
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
@@ -64,15 +66,21 @@ def run_bench(args) -> int:
     chosen = select_methods(args.methods, variants=args.variants)
     tasks, vocab = load_tasks(args)
     label = "file" if args.traces else "workload"
-    rows, described = [], None
+    rows, described, trees = [], None, {}
     for dtype in dtypes:
         model = model_for(args, dtype, device, vocab)
         described = described or describe(model, args.model)
         rows += bench_model(model, tasks, chosen, repeats=args.repeats, label=label)
+        trees[str(dtype).removeprefix("torch.")] = tree_choice(model)
         del model
     if not json_report(args, {"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                              "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}):
+                              "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                              "tree_none": trees, "results": rows}):
         print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
+        print("tree=None (lookahead.generate's default) drafted " + ", ".join(
+            f"{t['drafts']} in {dtype} " + ("(no trees in this family)" if t["tree_over_chain_16"] is None else
+                                            f"(a 16-node tree step {t['tree_over_chain_16']:.2f}x a 16-token chain's)")
+            for dtype, t in trees.items()))
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
               "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "
               "after the first, (wall - TTFT) / (tokens - 1), the decoding this library speeds up; "
@@ -89,6 +97,13 @@ def run_bench(args) -> int:
     if args.plot:
         plot(rows, args.plot, label=label)
     return 0 if all(r["exact"] for r in rows) else 1
+
+
+def tree_choice(model) -> dict:
+    """What `tree=None` drafts on `model` ("trees" or "chains") and the calibrated ratio it decided by
+    (the calibration the timed runs used: made once per shape, device and dtype)."""
+    ratio = tree_over_chain_16(model)  # nan for a family without trees
+    return {"drafts": "trees" if default_tree(model) else "chains", "tree_over_chain_16": None if np.isnan(ratio) else round(ratio, 3)}
 
 
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:

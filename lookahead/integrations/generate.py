@@ -290,7 +290,7 @@ def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
 
 def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
     if tree is None:
-        tree = tree_support(model) is None and tree_over_chain_16(model) <= TREE_MAX_OVER_CHAIN
+        tree = default_tree(model)
     elif tree and (reason := tree_support(model)) is not None:
         raise UnsupportedGenerationError(f"tree drafts are not supported here: {reason}. Use tree=False.")
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
@@ -307,6 +307,12 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
         stop=StopStringCriteria(tokenizer, stop_strings) if stop_strings else None,
         record=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
     )
+
+
+def default_tree(model) -> bool:
+    """What `tree=None` drafts on `model`: trees (True) where its family takes them and the calibration
+    finds our step over a 16-node tree at most TREE_MAX_OVER_CHAIN times our step over a 16-token chain."""
+    return tree_support(model) is None and tree_over_chain_16(model) <= TREE_MAX_OVER_CHAIN
 
 
 def _check_batch(config: GenerationConfig, streamer, options: Options) -> None:
