@@ -46,8 +46,11 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
     assert code == 0
     assert out["dtypes"] == ["float32", "bfloat16"]  # the default with --traces
     assert set(out["tree_none"]) == {"float32", "bfloat16"}  # what lookahead.generate's tree=None drafted, per dtype
-    for choice in out["tree_none"].values():  # a family with trees: decided by the calibrated ratio
-        assert (choice["drafts"] == "trees") == (choice["tree_over_chain_16"] <= TREE_MAX_OVER_CHAIN), choice
+    for choice in out["tree_none"].values():  # a family with trees: decided by the ratio its tree steps measured
+        if choice["tree_over_chain"] is None:
+            assert choice["drafts"] == "undecided", choice
+        else:
+            assert (choice["drafts"] == "trees") == (choice["tree_over_chain"] <= TREE_MAX_OVER_CHAIN), choice
     rows = out["results"]
     assert [(r["file"], r["dtype"], r["method"]) for r in rows] == [
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE
@@ -139,7 +142,7 @@ def test_table_output_names_the_caption_and_every_method(tiny, tmp_path, capsys)
     assert main(["bench", "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "16"]) == 0
     out = capsys.readouterr().out
     assert "prefill included" in out and "vs PLD k=16" in out
-    assert re.search(r"tree=None \(lookahead.generate's default\) drafted (trees|chains) in float32 \(a 16-node tree step [0-9.]+x", out)
+    assert re.search(r"tree=None \(lookahead.generate's default\) drafted (trees|chains|undecided) in float32", out)
     assert all(m in out for m in CORE)
 
 

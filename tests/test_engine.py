@@ -13,6 +13,7 @@ from lookahead.bench import families
 from lookahead.integrations import generate as generate_module
 from lookahead.integrations.support import tree_support
 from lookahead.integrations.verify import tree_visibility
+from lookahead.sizing.cost import LoopCosts
 from tests.models import FAMILIES, STORIES, VOCAB, stories_model, tiny_model
 from tests.cases import Collect, make_case, story_prompt
 
@@ -297,23 +298,60 @@ def test_tree_visibility_equals_walking_the_ancestors():
         assert np.array_equal(tree_visibility(u, draft_parents), expected)
 
 
-@pytest.mark.parametrize("over_chain, trees", [(1.02, True), (1.2, False)])
-def test_default_drafts_trees_only_where_their_mask_costs_what_a_chain_does(monkeypatch, over_chain, trees):
-    monkeypatch.setattr(generate_module, "tree_over_chain_16", lambda model: over_chain)  # a 16-node tree's forward over a chain's
-    calls = []
+class FixedLoopCosts(LoopCosts):
+    """Costs that learn nothing: verifying up to 64 tokens costs one plain step, trees decided by `tree_over_chain`."""
 
-    class Spy(LookupDrafter):
-        def propose_tree(self, *args, **kwargs):
-            calls.append(1)
-            return super().propose_tree(*args, **kwargs)
+    def __init__(self, tree_over_chain=None):
+        super().__init__(np.full(7, 0.1), tree_over_chain=tree_over_chain)
 
+    def observe(self, *args, **kwargs):
+        pass
+
+    def observe_prefill(self, *args, **kwargs):
+        pass
+
+
+class TreeSpy(LookupDrafter):
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.trees = 0
+
+    def grow_tree(self, *args, **kwargs):
+        self.trees += 1
+        return super().grow_tree(*args, **kwargs)
+
+    def propose_tree(self, *args, **kwargs):
+        self.trees += 1
+        return super().propose_tree(*args, **kwargs)
+
+
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+
+
+@pytest.mark.parametrize("over_chain, trees", [(1.02, True), (1.2, False), (None, True)])
+def test_default_drafts_trees_only_where_their_steps_cost_what_a_chain_does(monkeypatch, over_chain, trees):
+    # None: not known yet, so one-row steps try trees (their times decide, LoopCosts.trees)
+    monkeypatch.setattr(generate_module, "loop_costs", lambda model: FixedLoopCosts(over_chain))
     model = tiny_model("llama")
-    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-    # unsized, so that this process's timing of the tiny model cannot cut every tree to a plain step
-    got = lookahead.generate(model, torch.tensor([prompt]), drafter=Spy(cost_aware=False), max_new_tokens=12, do_sample=False)
-    assert got.tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False).tolist()
-    assert bool(calls) == trees
-    assert generate_module.default_tree(model) == trees  # what `lookahead bench` reports tree=None drafted
+    drafter = TreeSpy()
+    got = lookahead.generate(model, torch.tensor([PROMPT]), drafter=drafter, max_new_tokens=12, do_sample=False)
+    assert got.tolist() == model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False).tolist()
+    assert (drafter.trees > 0) == trees
+
+
+def test_unsized_default_drafts_trees_where_the_family_takes_them():
+    model = tiny_model("llama")
+    drafter = TreeSpy(cost_aware=False)
+    got = lookahead.generate(model, torch.tensor([PROMPT]), drafter=drafter, max_new_tokens=12, do_sample=False)
+    assert got.tolist() == model.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False).tolist()
+    assert drafter.trees > 0
+
+
+def test_undecided_trees_are_tried_by_one_row_steps_only():
+    undecided = FixedLoopCosts()
+    assert generate_module.step_trees(None, undecided, rows=1) and not generate_module.step_trees(None, undecided, rows=4)
+    assert generate_module.step_trees(None, FixedLoopCosts(1.0), rows=4) and not generate_module.step_trees(None, FixedLoopCosts(2.0), rows=1)
+    assert not generate_module.step_trees(False, FixedLoopCosts(1.0), rows=1)
 
 
 def test_the_whole_output_reaches_memory_the_last_block_included():

@@ -11,7 +11,7 @@ from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_over_chain_16
-from lookahead.sizing.cost import CostCurve, LineCost, StepCosts, cost_curve
+from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, StepCosts, cost_curve
 from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes
 from tests.models import SHARED, tiny_model
@@ -148,13 +148,28 @@ def test_the_calibrated_tree_and_chain_steps_are_our_loops_and_leave_the_cache_a
 SECONDS = np.array([0.10, 0.10, 0.12, 0.16, 0.24, 0.40, 0.72])  # a calibration: 16 tokens cost 2.4x one
 
 
+def taught(costs: StepCosts, width: int, seconds: float) -> None:
+    """Steps at `width` taking `seconds`: a warm-up step (not learnt from), then one that is."""
+    costs.observe(1, width, 10 * seconds)
+    costs.observe(1, width, seconds)
+
+
+def test_a_widths_first_step_is_a_warm_up_not_its_price():
+    costs = StepCosts(SECONDS)
+    taught(costs, 1, 0.10)
+    costs.observe(1, 16, 5.0)  # torch's first forward at this shape: one-time costs
+    assert not costs.seen[16] and costs.relative()[16] == pytest.approx(SECONDS[4] / 0.10)
+    costs.observe(1, 16, 0.3)
+    assert costs.seen[16] and costs.relative()[16] == pytest.approx(3.0)
+
+
 def test_step_costs_start_from_the_calibration():
     assert StepCosts(SECONDS).relative()[[1, 2, 4, 8, 16, 32, 64]] == pytest.approx(SECONDS / 0.10)
 
 
 def test_a_slower_plain_step_makes_unseen_wide_blocks_relatively_cheaper():
     costs = StepCosts(SECONDS)
-    costs.observe(1, 1, 0.30)  # a long context: the plain step costs 3x the calibrated one
+    taught(costs, 1, 0.30)  # a long context: the plain step costs 3x the calibrated one
     relative = costs.relative()
     # a block of 16 adds the calibration's 0.14 s of compute on top: (0.30 + 0.14) / 0.30
     assert relative[16] == pytest.approx((0.30 + 0.14) / 0.30)
@@ -164,7 +179,7 @@ def test_a_slower_plain_step_makes_unseen_wide_blocks_relatively_cheaper():
 def test_measured_wide_blocks_are_not_smoothed_and_noise_is_no_cost():
     costs = StepCosts(SECONDS)
     for width, seconds in [(1, 0.10), (4, 0.104), (16, 0.09), (32, 0.30)]:
-        costs.observe(1, width, seconds)
+        taught(costs, width, seconds)
     relative = costs.relative()
     assert relative[4] == 1.0  # within NOISE of one token: priced as one token
     assert relative[16] == pytest.approx(0.9)  # measured cheaper: stays cheaper
@@ -177,7 +192,7 @@ def test_each_width_is_priced_by_its_own_steps():
     # float32 on a CPU: the BLAS picks a kernel per shape, so 3 tokens can cost more than 4
     costs = StepCosts(SECONDS)
     for width, seconds in [(1, 0.10), (3, 0.30), (4, 0.20), (8, 0.18)]:
-        costs.observe(1, width, seconds)
+        taught(costs, width, seconds)
     relative = costs.relative()
     assert relative[3] == pytest.approx(3.0) and relative[4] == pytest.approx(2.0)
     assert relative[2] == pytest.approx(1.0)  # unseen: as the seen narrower one plus the calibration's extra (none)
@@ -195,7 +210,7 @@ def test_the_sizer_follows_the_step_times_it_is_taught():
         sizer.observe(8, list(range(16)), 16, list(range(17)), 0)  # drafts are kept
     dear = size(sizer, 8, 16, costs)
     for width in (1, 2, 4, 8, 16):
-        costs.observe(1, width, 0.1)  # on this machine now, blocks up to 16 cost what one token does
+        taught(costs, width, 0.1)  # on this machine now, blocks up to 16 cost what one token does
     assert size(sizer, 8, 16, costs) == 15 > dear  # 15 drafted + its own token: the widest block taught cheap
 
 
@@ -319,3 +334,74 @@ def test_on_recorded_outcomes_the_sizer_matches_the_best_fixed_draft_length_in_h
         sized = replay.replay_lookahead(requests, LookupDrafter(memory=False), costs=costs)
         best = max([1.0] + [fixed_length_tokens_per_cost(requests, costs, k) for k in (1, 2, 4, 8, 16, 63)])
         assert sized["tokens"] / sized["cost"] >= 0.97 * best, path.name
+
+
+def test_unseeded_costs_price_no_draft_until_the_prefill_and_a_plain_step_draw_the_chord():
+    costs = StepCosts()
+    assert costs.one_row(4) == [1.0, 1.0, UNPRICED, UNPRICED, UNPRICED]
+    assert chain_size(0.99, 16, costs) == 0  # nothing priced: a plain step
+    costs.observe_prefill(1, 201, 2.1)  # the prompt: 201 tokens in 2.1 s
+    assert costs.one_row(4)[2] == UNPRICED  # one point is no chord
+    taught(costs, 1, 0.1)  # plain steps: the chord adds (2.1 - 0.1) / 200 = 0.01 s per token
+    assert costs.relative()[[1, 2, 11, 64]] == pytest.approx([1.0, 1.1, 2.0, 7.3])
+    assert chain_size(0.99, 16, costs) > 0
+    taught(costs, 11, 0.12)  # a measured width is priced by its steps, and anchors the wider ones
+    assert costs.relative()[[11, 12]] == pytest.approx([1.2, 1.3])
+
+
+def test_a_calibrated_curve_ignores_the_prefill():
+    costs = StepCosts(SECONDS)
+    costs.observe_prefill(1, 201, 100.0)
+    assert costs.relative()[[1, 2, 4, 8, 16, 32, 64]] == pytest.approx(SECONDS / 0.10)
+
+
+def test_the_batch_line_starts_from_the_batched_prefill_and_first_plain_step():
+    costs = LoopCosts()
+    assert static_batch_draft_sizes([0.99] * 4, [8] * 4, [64] * 4, [1.0] * 4, cost=costs.at(4)) == [0] * 4  # unpriced
+    costs.observe_prefill(4, 100, 0.1 + 0.001 * 400)  # F = 0.1 s, p = 1 ms per token
+    costs.observe(4, 1, 0.1 + 0.001 * 4)
+    assert costs.at(4).fixed_cost_tokens == pytest.approx(100.0, rel=0.01)
+    assert min(static_batch_draft_sizes([0.9] * 4, [8] * 4, [64] * 4, [1.0] * 4, cost=costs.at(4))) > 0  # priced: drafts pay
+
+
+def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
+    cheap, dear = LoopCosts(SECONDS), LoopCosts(SECONDS)
+    for step in range(LoopCosts.TREE_SAMPLES + 1):  # the first tree step is a warm-up
+        assert cheap.trees() is None and dear.trees() is None
+        cheap.observe(1, 16, 0.24 * 1.02, tree=True)  # the calibrated chain of width 16 takes 0.24 s
+        dear.observe(1, 16, 0.24 * 1.30, tree=True)
+    assert cheap.trees() is True and dear.trees() is False
+    assert cheap.tree_ratio() == pytest.approx(1.02)
+    assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
+
+
+def test_costs_persist_across_calls_per_model_and_a_calibration_reseeds_them(monkeypatch):
+    monkeypatch.setattr(calibration, "CALIBRATED", {})
+    monkeypatch.setattr(calibration, "LEARNT", {})
+    model = tiny_model("llama")
+    learnt = calibration.loop_costs(model)
+    assert learnt.curve.seed is None and learnt.tree_ratio() is None  # nothing timed up front
+    assert calibration.loop_costs(model) is learnt and step_costs(model) is step_costs(model)
+    verify_costs(model)
+    seeded = calibration.loop_costs(model)
+    assert seeded is not learnt and seeded.curve.seed is not None and seeded.tree_ratio() is not None
+    assert step_costs(model).seed is not None
+
+
+def test_a_first_call_learns_its_prior_from_its_own_prefill_and_steps(monkeypatch):
+    import lookahead
+    from lookahead.integrations import generate as generate_module
+
+    monkeypatch.setattr(calibration, "LEARNT", {})
+    monkeypatch.setattr(calibration, "CALIBRATED", {})
+    model = tiny_model("llama")
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]])
+    expected = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert torch.equal(lookahead.generate(model, prompt, drafter=LookupDrafter(), max_new_tokens=12, do_sample=False), expected)
+    costs = calibration.loop_costs(model)
+    assert costs.curve.prefill[0] == 10 and costs.curve.seen[1] and costs.curve.calibrated is not None
+    assert calibration.CALIBRATED == {}  # no calibration ran
+    assert torch.equal(model.generate(prompt, assistant_model=LookupDrafter(), max_new_tokens=12, do_sample=False), expected)
+    assistant = step_costs(model)
+    assert assistant.prefill is not None and assistant.seen[1] and assistant.calibrated is not None
+    assert generate_module.loop_costs is calibration.loop_costs

@@ -105,7 +105,6 @@ def bench_batches(model, tasks: list[Task], sizes: list[int], *, repeats: int = 
     so ttft_ms + tpot_ms * (longest_row_tokens - 1) == seconds * 1000 (unrounded).
     """
     dtype = str(model.dtype).removeprefix("torch.")
-    lookahead.verify_costs(model)  # the one-time calibration, out of the timings
     warm = [Task(t.prompt[-32:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
     for method in METHODS:
         _run(model, warm, method)

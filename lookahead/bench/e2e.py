@@ -32,11 +32,12 @@ from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, TraceRequest, replay_lookahead
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
+from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 from lookahead.bench.traces import (
     Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
 )
-from lookahead.integrations.calibration import tree_over_chain_16
-from lookahead.integrations.generate import default_tree
+from lookahead.integrations.calibration import loop_costs
+from lookahead.integrations.support import tree_support
 
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
@@ -78,8 +79,8 @@ def run_bench(args) -> int:
                               "tree_none": trees, "results": rows}):
         print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
         print("tree=None (lookahead.generate's default) drafted " + ", ".join(
-            f"{t['drafts']} in {dtype} " + ("(no trees in this family)" if t["tree_over_chain_16"] is None else
-                                            f"(a 16-node tree step {t['tree_over_chain_16']:.2f}x a 16-token chain's)")
+            f"{t['drafts']} in {dtype} " + ("" if t["tree_over_chain"] is None else
+                                            f"(a tree step {t['tree_over_chain']:.2f}x a chain step of its width)")
             for dtype, t in trees.items()))
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
               "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "
@@ -100,10 +101,14 @@ def run_bench(args) -> int:
 
 
 def tree_choice(model) -> dict:
-    """What `tree=None` drafts on `model` ("trees" or "chains") and the calibrated ratio it decided by
-    (the calibration the timed runs used: made once per shape, device and dtype)."""
-    ratio = tree_over_chain_16(model)  # nan for a family without trees
-    return {"drafts": "trees" if default_tree(model) else "chains", "tree_over_chain_16": None if np.isnan(ratio) else round(ratio, 3)}
+    """What `tree=None` drafted on `model` by the end of the runs ("trees", "chains", or "undecided"
+    where no three tree steps were timed) and the ratio it decided by (LoopCosts.tree_ratio: our
+    tree steps over chain steps of their width, as the process's calls learnt them)."""
+    if tree_support(model) is not None:
+        return {"drafts": "chains", "tree_over_chain": None}
+    ratio = loop_costs(model).tree_ratio()
+    drafts = "undecided" if ratio is None else "trees" if ratio <= TREE_MAX_OVER_CHAIN else "chains"
+    return {"drafts": drafts, "tree_over_chain": None if ratio is None else round(ratio, 3)}
 
 
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
@@ -216,12 +221,12 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
     """Times every method on every workload's requests, `repeats` times; one row per (workload,
     method), from summary(runs, method) (default: wall clock, TTFT and TPOT, wall_clock_summary).
 
-    Before timing: the engine's one-time cost calibration (lookahead.verify_costs) and one
-    short untimed call per method (kernels compiled or loaded, torch paths warmed), kept out
-    of the timings and the forward counts.
+    Before timing: one short untimed call per method (kernels compiled or loaded, torch paths
+    warmed), kept out of the timings and the forward counts. No calibration: our sizers learn
+    the costs from the calls' own steps, as a user's calls do (the process's first call is
+    `lookahead bench --cold`'s).
     """
     dtype = str(model.dtype).removeprefix("torch.")
-    lookahead.verify_costs(model)
     first = next(t for requests in tasks.values() for t in requests)
     warm = Task(first.prompt[-64:], first.reference[:8] if first.reference is not None else None, first.eos_token_id, 8)
     for _, make in methods:

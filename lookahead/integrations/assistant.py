@@ -70,7 +70,7 @@ class TransformersAssistant:
         self.request: Request | None = None  # the current request's state
         self.indexed = 0  # tokens of the current request the drafter has seen
         self.costs = None  # its StepCosts (one row), when cost_aware and the target is known
-        self.step_started = None  # (perf_counter, block width) of the last step, timed when it follows the prefill
+        self.step_started = None  # (perf_counter, block width, whether it was the request's prefill) of the last step
         self.stop_strings: list[StopStringCriteria] = []  # the request's, from the loop's stopping criteria
         self.placeholder = None  # the (1, 1) scores offered with greedy drafts
 
@@ -153,8 +153,11 @@ class TransformersAssistant:
             # The loop appended the accepted drafts plus one token of the model's own.
             request.verified(input_ids[0, self.indexed :])  # first: from a thread whose request was taken over, it raises
             if self.costs is not None and self.step_started is not None:  # the loop's own time for a verify step of that width
-                started, width = self.step_started
-                self.costs.observe(1, width, time.perf_counter() - started)
+                started, width, prefill = self.step_started
+                if prefill:  # the request's first step: the prompt and its draft in one forward, the cost curve's far end
+                    self.costs.observe_prefill(1, width, time.perf_counter() - started)
+                else:
+                    self.costs.observe(1, width, time.perf_counter() - started)
         self.indexed = input_ids.shape[1]
 
         chain, size, draft = self._draft(request, input_ids, max_new_tokens)
@@ -169,9 +172,9 @@ class TransformersAssistant:
                 guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
                 draft = Draft.chain(np.asarray([guess], dtype=np.int64))
         request.commit(chain, size, draft)
-        # Timed from here to the next call: the target's verify forward and the loop around it;
-        # the first step of a request also prefills the prompt, so it is not timed.
-        self.step_started = (time.perf_counter(), len(draft) + 1) if not new_request else None
+        # Timed from here to the next call: the target's verify forward and the loop around it
+        # (the request's first: the prefill, the prompt and the draft in one forward of `width` tokens).
+        self.step_started = (time.perf_counter(), (input_ids.shape[1] if new_request else 1) + len(draft), new_request)
 
         device = input_ids.device
         if len(draft):  # a non-empty draft's ids are a fresh array (the trie's path): shared, not copied, on the CPU

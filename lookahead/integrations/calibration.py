@@ -1,4 +1,11 @@
-"""`verify_costs`: what verifying n drafted tokens costs on a model, measured once per shape, device and dtype."""
+"""What verifying n drafted tokens costs on a model: learnt from the calls' own steps, or calibrated ahead.
+
+By default nothing is timed up front: a model's first call starts from the chord through its
+own prefill and first plain step (lookahead.sizing.cost.StepCosts) and learns each width
+from its steps, and later calls of the process go on from what earlier ones learnt (one
+cost state per model shape, device and dtype, per loop). `verify_costs(model)` times the
+widths ahead of time (a few seconds on a CPU) and seeds the next calls with them.
+"""
 
 import functools
 import time
@@ -14,6 +21,10 @@ from lookahead.integrations.verify import build_block, forward_block
 from lookahead.sizing.cost import SIZES, LoopCosts, StepCosts, cost_curve
 
 CALIBRATED: dict[tuple, dict] = {}  # calibrated step times per model shape, device and dtype
+# Per (model key, loop): the cost state the calls of this process learnt (LoopCosts for our loop,
+# StepCosts for the assistant_model= loop); calls on one model share it, threads included (a
+# step's time taken while another thread steps is noise either way).
+LEARNT: dict[tuple, object] = {}
 
 
 def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
@@ -21,19 +32,38 @@ def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
 
     Measured once per (model class, shape, device, dtype) after `context` cached tokens;
     linear between the timed sizes (lookahead.sizing.cost.cost_curve).
+    Calling it seeds the model's next calls (both loops) with these costs, in place of what
+    earlier calls learnt; without it, calls learn from their own steps.
     """
     seconds = _calibrate(model, context, repeats)["chain"]
     return cost_curve(seconds / seconds[0])
 
 
+def model_key(model) -> tuple:
+    """What decides a model's step costs: its class, shape, device and dtype."""
+    text = model.config.get_text_config()
+    return (type(model).__name__, text.hidden_size, text.num_hidden_layers, text.vocab_size, str(model.device), str(model.dtype))
+
+
 def step_costs(model) -> StepCosts:
-    """A fresh one-row cost curve for one request, seeded with the model's calibrated step times."""
-    return StepCosts(_calibrate(model)["chain"])
+    """The `assistant_model=` loop's one-row cost curve for `model`: what this process's calls learnt,
+    seeded by the calibration where one was made (verify_costs)."""
+    key = (*model_key(model), "assistant")
+    if key not in LEARNT:
+        calibrated = CALIBRATED.get(model_key(model))
+        LEARNT[key] = StepCosts(calibrated["chain"] if calibrated is not None else None)
+    return LEARNT[key]
 
 
 def loop_costs(model) -> LoopCosts:
-    """Fresh costs for one call of our loop (the curve for one row, the line for many), seeded by the calibration."""
-    return LoopCosts(_calibrate(model)["chain"])
+    """Our loop's costs for `model` (the curve for one row, the line for many, trees or chains): what
+    this process's calls learnt, seeded by the calibration where one was made (verify_costs)."""
+    key = (*model_key(model), "loop")
+    if key not in LEARNT:
+        calibrated = CALIBRATED.get(model_key(model))
+        LEARNT[key] = (LoopCosts() if calibrated is None
+                       else LoopCosts(calibrated["chain"], tree_over_chain=float(calibrated["tree16"] / calibrated["chain16"])))
+    return LEARNT[key]
 
 
 def tree_over_chain_16(model) -> float:
@@ -62,11 +92,10 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
 
     Cost: (repeats + 1) forward passes over each of SIZES and the two steps (0.3-3 s for a
     0.5B model on a 2-core CPU)."""
-    config = model.config
-    text = config.get_text_config()
-    key = (type(model).__name__, text.hidden_size, text.num_hidden_layers, text.vocab_size, str(model.device), str(model.dtype))
+    key = model_key(model)
     if key in CALIBRATED:
         return CALIBRATED[key]
+    text = model.config.get_text_config()
     generator = torch.Generator().manual_seed(0)
     vocab = text.vocab_size
     prefix = torch.randint(0, vocab, (1, context), generator=generator)
@@ -103,6 +132,8 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     chain = np.maximum(np.asarray(fastest[: len(SIZES)]), fastest[0])
     chain16, tree16 = fastest[len(SIZES) :] if len(runs) > len(SIZES) else (float("nan"), float("nan"))
     CALIBRATED[key] = {"chain": chain, "chain16": chain16, "tree16": tree16}
+    for loop in ("assistant", "loop"):
+        LEARNT.pop((*key, loop), None)  # the next calls start from the calibration
     return CALIBRATED[key]
 
 

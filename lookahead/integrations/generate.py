@@ -32,7 +32,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from lookahead.draft import DraftStats, StepPlan
 from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
-from lookahead.integrations.calibration import loop_costs, tree_over_chain_16
+from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.hf import (
     cache_rows_gatherable, decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
     streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
@@ -44,10 +44,11 @@ from lookahead.request import Request
 from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 
-# tree=None drafts trees where our step over a 16-node tree (its explicit mask built, the kept
-# path gathered into the cache) costs at most this many times our step over a 16-token chain
-# (calibration.tree_over_chain_16): a tree's worth is hedging at a chain's price (replayed on 60
-# requests per dev file under this CPU's curves, sized trees yield -0.6% to +3.5% tokens per
+# tree=None drafts trees where our step over a tree (its explicit mask built, the kept path
+# gathered into the cache) costs at most this many times our step over a chain of its width
+# (sizing.cost.LoopCosts.trees: learnt from the call's first tree steps, or a calibration's
+# 16-node tree over 16-token chain): a tree's worth is hedging at a chain's price (replayed on
+# 60 requests per dev file under this CPU's curves, sized trees yield -0.6% to +3.5% tokens per
 # unit of verify cost against sized chains), which a dearer mask path or the host work around
 # it (where the forward is fast) loses; differences within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
@@ -73,7 +74,7 @@ class Options:
     criteria: list  # stopping criteria other than EOS and length (checked per token)
     stop: StopStringCriteria | None
     do_sample: bool
-    tree: bool
+    tree: bool | None  # None: the family takes trees; drafted where they cost what chains do (step_trees)
     max_tree_nodes: int
     record: bool  # scores or logits returned (one row)
 
@@ -101,9 +102,10 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
             to the nodes that cost no more than that chain.
         assistant: the same, under the name transformers' custom_generate convention uses.
-        tree: draft trees, or chains (default: trees where the family supports them and
-            the calibration finds our step over a 16-node tree no dearer than over a 16-token
-            chain, within TREE_MAX_OVER_CHAIN).
+        tree: draft trees, or chains (default: where the family supports trees, unsized
+            drafts are trees, and sized ones are where our tree steps cost no more than chain
+            steps of their width, within TREE_MAX_OVER_CHAIN: learnt from the first few tree
+            steps of the process, or decided by lookahead.verify_costs' calibration).
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
         tokenizer: needed for `stop_strings`.
@@ -130,15 +132,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     """
     drafter = _the_drafter(drafter, assistant, kwargs)
     check_input_ids(input_ids, model)
-    if generation_config is None:
-        # A direct call: transformers prepares processors, stopping criteria and the config
-        # exactly as for plain generate, then calls us back. It drops `streamer` and
-        # `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
-        # travel bound to the callback.
-        callback = functools.partial(generate, drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer,
-                                     tokenizer=tokenizer, stop_strings=stop_strings)
-        return model.generate(input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                              custom_generate=callback, **kwargs)
+    if generation_config is None:  # a direct call
+        loop = dict(drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer, tokenizer=tokenizer, stop_strings=stop_strings)
+        return through_transformers(model, input_ids, loop, logits_processor=logits_processor, stopping_criteria=stopping_criteria, **kwargs)
     prompt_streamed = False
     if streamer is None:  # through custom_generate transformers drops it, having put the prompt already
         streamer = streamer_dropped_by_transformers()
@@ -168,6 +164,16 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
 
 
+def through_transformers(model, input_ids, loop: dict, **kwargs):
+    """Our loop on `input_ids` with `loop`'s options (the drafter, tree, max_tree_nodes, streamer,
+    tokenizer, stop_strings), everything else (kwargs: a generation_config too) prepared by
+    transformers' generate exactly as for plain generate, which then calls us back. It drops
+    `streamer` and `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
+    travel bound to the callback. The class's generate, not the instance's: a model loaded with a
+    custom_generate folder (lookahead.integrations.hub) has ours there."""
+    return type(model).generate(model, input_ids, custom_generate=functools.partial(generate, **loop), **kwargs)
+
+
 def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool) -> tuple[list, RowCache]:
     """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache."""
     cache = RowCache(new_cache(model), len(rows))
@@ -191,8 +197,9 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
         walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
                       step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
-        if costs is not None and not first:  # the step's real shape; the walk's choices synced the device
-            costs.observe(len(active), block.tokens.shape[1], time.perf_counter() - start, tree=block.is_tree)
+        if costs is not None:  # the step's real shape; the walk's choices synced the device
+            observe = costs.observe_prefill if first else functools.partial(costs.observe, tree=block.is_tree)
+            observe(len(active), block.tokens.shape[1], time.perf_counter() - start)
         going, kept_blocks = [], []
         for r, (row, (path, choice)) in enumerate(zip(active, walks)):
             kept = [block.ids[r][i] for i in path[1:]]
@@ -225,7 +232,7 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
     verifies none: B x L tokens are compute-bound, so drafts cost their share there (a
     (4, 257) prefill measured 8% slower than (4, 256)) for at most one step saved."""
     rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
-    tree = options.tree and not first
+    tree = not first and step_trees(options.tree, costs, len(active))
     if costs is None:  # unsized: whole drafts
         if tree:
             return [row.request.plan(room, tree=True, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
@@ -290,7 +297,7 @@ def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
 
 def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
     if tree is None:
-        tree = default_tree(model)
+        tree = None if tree_support(model) is None else False
     elif tree and (reason := tree_support(model)) is not None:
         raise UnsupportedGenerationError(f"tree drafts are not supported here: {reason}. Use tree=False.")
     stop_strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings or [])
@@ -301,7 +308,7 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
         )
     max_len = input_ids.shape[1] + config.max_new_tokens if config.max_new_tokens is not None else config.max_length
     return Options(
-        max_len=max_len, eos=eos_ids(config), do_sample=bool(config.do_sample), tree=bool(tree), max_tree_nodes=max_tree_nodes,
+        max_len=max_len, eos=eos_ids(config), do_sample=bool(config.do_sample), tree=tree, max_tree_nodes=max_tree_nodes,
         # EOS and length are checked per token in the loop; other criteria (stop strings, user ones) run as given.
         criteria=[c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))],
         stop=StopStringCriteria(tokenizer, stop_strings) if stop_strings else None,
@@ -309,10 +316,17 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
     )
 
 
-def default_tree(model) -> bool:
-    """What `tree=None` drafts on `model`: trees (True) where its family takes them and the calibration
-    finds our step over a 16-node tree at most TREE_MAX_OVER_CHAIN times our step over a 16-token chain."""
-    return tree_support(model) is None and tree_over_chain_16(model) <= TREE_MAX_OVER_CHAIN
+def step_trees(tree: bool | None, costs, rows: int) -> bool:
+    """Whether a step (not the prefill) drafts a tree. tree=None (the family takes trees): unsized,
+    trees; sized, where our tree steps cost at most TREE_MAX_OVER_CHAIN times a chain step of their
+    width (costs.trees()), and, until that is known, one-row steps try trees (the call's first few
+    tree steps are what decides; a sized tree costs what its chain does under the curve)."""
+    if tree is not None:
+        return tree
+    if costs is None:
+        return True
+    known = costs.trees()
+    return rows == 1 if known is None else known
 
 
 def _check_batch(config: GenerationConfig, streamer, options: Options) -> None:

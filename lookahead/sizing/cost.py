@@ -17,6 +17,7 @@ import numpy as np
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
 FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
+UNPRICED = 1e6  # the relative cost of a block nothing has priced yet: no draft pays for it
 
 
 def cost_curve(points) -> np.ndarray:
@@ -82,12 +83,23 @@ def extend_linearly(costs: list[float], last: int) -> list[float]:
 class StepCosts(CostCurve):
     """A cost curve learnt from the loop's own one-row steps, width by width.
 
-    Seeded with calibrated seconds at SIZES (linear in between). Each step the loop reports
-    (width, seconds) and that width keeps an exponential average: block costs are not
-    smooth in the width (float32 on a CPU, measured at a 0.5B shape: 3 tokens cost 3.0x one,
-    4 cost 2.0x, 8 cost 1.8x: the BLAS picks a kernel per shape), so a width is priced by
-    its own steps. A width not yet seen is the nearest seen narrower one plus the
-    calibration's extra seconds between the two (a wider block adds compute, which the
+    Seeded with calibrated seconds at SIZES (linear in between), or with none: then the
+    prior is the chord through the call's first plain step and its prefill
+    (`observe_prefill`: L tokens in one forward), t(w) = t(1) + (t(L) - t(1)) (w - 1) / (L - 1),
+    which no forward pass beyond the call's own costs. Block costs are flat where the
+    weights' transfer dominates and grow linearly where compute does, so the chord lies on
+    or above them (the prefill's one-time warm-up and its attention over L tokens only
+    steepen it): a conservative start. Until both points are in, every drafted width is
+    unpriced (UNPRICED: plain steps).
+
+    Each step the loop reports (width, seconds) and that width keeps an exponential average of
+    its steps after the first (a process's first forward at a new shape carries one-time costs:
+    kernel selection, JIT-compiled kernels, allocations; taken as its price, the width would
+    never be tried again):
+    block costs are not smooth in the width (float32 on a CPU, measured at a 0.5B shape: 3
+    tokens cost 3.0x one, 4 cost 2.0x, 8 cost 1.8x: the BLAS picks a kernel per shape), so a
+    width is priced by its own steps. A width not yet seen is the nearest seen narrower one
+    plus the prior's extra seconds between the two (a wider block adds compute, which the
     context length barely changes, while a plain step's time grows with the context), and
     never dearer than a seen wider one (it computes less). No monotone smoothing: a wider
     block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
@@ -97,23 +109,53 @@ class StepCosts(CostCurve):
     list update, and a numpy pass over the 65 widths the first time a width is seen.
 
     Args:
-        seconds: calibrated seconds of a forward pass over SIZES[i] new tokens.
+        seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
         decay: weight of the old average when a width is observed again.
+
+    Example:
+        >>> costs = StepCosts()
+        >>> costs.one_row(2)[2] == UNPRICED  # nothing measured yet: no draft pays
+        True
+        >>> costs.observe_prefill(1, 101, 1.1)  # the prefill: 101 tokens in 1.1 s
+        >>> costs.observe(1, 1, 0.3)  # the first plain step: torch's one-time costs, not learnt from
+        >>> costs.observe(1, 1, 0.1)  # a plain step: 0.1 s; the chord adds 0.01 s per token
+        >>> round(costs.one_row(11)[11], 6)
+        2.0
     """
 
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
 
-    def __init__(self, seconds, *, decay: float = 0.8):
-        self.seed = np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
-        if self.seed.shape != (len(SIZES),) or not (self.seed > 0).all():
+    def __init__(self, seconds=None, *, decay: float = 0.8):
+        self.seed = None if seconds is None else np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
+        if self.seed is not None and (self.seed.shape != (len(SIZES),) or not (self.seed > 0).all()):
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
         # Python lists, not arrays: a step reads and writes single widths (one_row, observe).
-        self.calibrated = np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed).tolist()  # seconds per width (index 0 unused)
-        self.seconds = list(self.calibrated)  # learnt seconds where seen
-        self.seen = [False] * (SIZES[-1] + 1)
+        # calibrated: the prior's seconds per width (index 0 unused); None until the chord is known.
+        self.calibrated = None if self.seed is None else np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed).tolist()
+        self.seconds = list(self.calibrated) if self.calibrated is not None else [0.0] * (SIZES[-1] + 1)  # learnt seconds where seen
+        self.seen = [False] * (SIZES[-1] + 1)  # a width learnt from its steps
+        self.warm = [False] * (SIZES[-1] + 1)  # a width stepped once (its one-time costs paid)
+        self.prefill = None  # (tokens, seconds) of a one-row prefill, until the chord is drawn from it
         self.decay = decay
         self._anchors()
         self._fixed = None
+
+    def observe_prefill(self, rows: int, tokens: int, seconds: float) -> None:
+        """Learns from a one-row forward over `tokens` uncached tokens (a prefill) that took `seconds`:
+        the far end of the unseeded prior's chord (other shapes, and a seeded curve, ignore it)."""
+        if rows == 1 and self.calibrated is None and tokens > 1:
+            self.prefill = (tokens, seconds)
+            self._chord()
+
+    def _chord(self) -> None:
+        if self.prefill is None or not self.seen[1]:
+            return
+        tokens, seconds = self.prefill
+        one = self.seconds[1]
+        slope = max(seconds - one, 0.0) / (tokens - 1)
+        self.calibrated = [one + slope * (w - 1) for w in range(SIZES[-1] + 1)]
+        self.seconds = [s if seen else c for s, seen, c in zip(self.seconds, self.seen, self.calibrated)]
+        self._anchors()
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """Learns from a one-row step over `width` tokens (beyond 64: as 64) that took `seconds`
@@ -121,12 +163,17 @@ class StepCosts(CostCurve):
         if rows != 1:
             return
         w = min(max(width, 1), SIZES[-1])
+        if not self.warm[w]:  # the first step at a width carries torch's one-time costs for that shape: not learnt from
+            self.warm[w] = True
+            return
         if self.seen[w]:
             self.seconds[w] = self.decay * self.seconds[w] + (1 - self.decay) * seconds
         else:
             self.seconds[w] = seconds
             self.seen[w] = True
             self._anchors()
+            if self.calibrated is None:
+                self._chord()
         self._fixed = None  # priced again when next read
 
     def _anchors(self) -> None:
@@ -141,6 +188,10 @@ class StepCosts(CostCurve):
         self._cap = [int(a) if a <= last else None for a in above]
         self._seen_widths = np.flatnonzero(seen).tolist()  # narrow to wide
 
+    def seconds_at(self, width: int) -> float:
+        """The curve's price of a one-row block of `width` tokens, in seconds (a plain step's learnt seconds times its cost)."""
+        return self.one_row(width)[width] * self.seconds[1]
+
     def relative(self) -> np.ndarray:
         """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
         return np.asarray(self.one_row(SIZES[-1]))
@@ -151,6 +202,8 @@ class StepCosts(CostCurve):
         Cost: a pass over the seen widths up to the cap of the widest, then one over the widths
         (a few µs for a 17-token block; numpy's per-call overhead would be most of it).
         """
+        if self.calibrated is None:  # no prior yet: a plain step is all that is priced
+            return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
         top = min(last, SIZES[-1])
         anchor, cap, calibrated = self._anchor, self._cap, self.calibrated
         through = top if cap[top] is None else cap[top]  # the widest width the estimates read
@@ -236,28 +289,87 @@ class StepCostFit(LineCost):
         self._fixed = fixed_cost_tokens_of(fixed, per_token, self.bounds)
 
 
+class Unpriced:
+    """A cost model with nothing measured yet: a plain step costs 1, any wider block UNPRICED (no draft pays)."""
+
+    fixed_cost_tokens = 1.0
+
+    def cost(self, rows: int, width):
+        return np.where(np.asarray(width) <= 1, 1.0, UNPRICED)
+
+    def one_row(self, last: int) -> list[float]:
+        return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
+
+
 class LoopCosts:
-    """What our loop's steps cost: the measured curve for one row, the fitted line for many.
+    """What our loop's steps cost: the measured curve for one row, the fitted line for many,
+    and whether a tree step costs what a chain step of its width does.
 
     Each learns from the steps it prices (`observe`): the curve from one-row chain steps (a
     tree step's explicit mask takes a slower attention path than a chain of its width), the
-    line from steps of many rows.
+    line from steps of many rows. Without a calibration both start from the call's own
+    prefill and first plain step (`observe_prefill`, StepCosts): the line's prior F / p is the
+    line through a batch's prefill (rows x L tokens) and its first plain step (rows tokens),
+    and until both are in, batched steps are `Unpriced`.
+
+    Trees: a one-row tree step's seconds over the curve's price of a chain step of its width,
+    from TREE_SAMPLES such steps after the first (the loop takes them while `trees()` is None: a tree costs what
+    its chain does under the curve, so trying one risks little); a calibration's ratio
+    (tree_over_chain) decides at once.
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
-            (lookahead.integrations.calibration); the line starts from the line through them.
+            (lookahead.integrations.calibration), or None: learnt from the call's steps.
+        tree_over_chain: a calibration's one-row step over a 16-node tree over its step over a
+            16-token chain (nan: no trees measured), or None.
     """
 
-    def __init__(self, seconds):
+    TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
+
+    def __init__(self, seconds=None, *, tree_over_chain: float | None = None):
         self.curve = StepCosts(seconds)
-        self.line = StepCostFit(line_through(seconds))
+        self.line = StepCostFit(line_through(seconds)) if seconds is not None else None
+        self.batch_prefill = None  # (tokens, seconds) of a batched prefill, until the line's prior is drawn from it
+        self.tree_over_chain = tree_over_chain
+        self.tree_ratios = []  # one-row tree steps' seconds over the curve's chain price at their width
+        self.tree_warm = False  # a tree step was taken (the first is not learnt from)
 
     def at(self, rows: int):
         """The cost model a step of `rows` rows is priced by."""
-        return self.curve if rows == 1 else self.line
+        if rows == 1:
+            return self.curve
+        return self.line if self.line is not None else Unpriced()
+
+    def observe_prefill(self, rows: int, tokens: int, seconds: float) -> None:
+        """Learns from the call's first step: `rows` rows of `tokens` uncached tokens each in `seconds`."""
+        if rows == 1:
+            self.curve.observe_prefill(1, tokens, seconds)
+        elif self.line is None and tokens > 1:
+            self.batch_prefill = (rows * tokens, seconds)
 
     def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False) -> None:
         if rows > 1:
-            self.line.observe(rows, width, seconds)
+            if self.line is None and self.batch_prefill is not None and width == 1:
+                tokens, prefill = self.batch_prefill
+                per_token = (prefill - seconds) / (tokens - rows)
+                self.line = StepCostFit(fixed_cost_tokens_of(seconds - per_token * rows, per_token))
+            if self.line is not None:
+                self.line.observe(rows, width, seconds)
         elif not tree:
             self.curve.observe(rows, width, seconds)
+        elif self.curve.calibrated is not None and self.trees() is None:
+            if self.tree_warm:
+                self.tree_ratios.append(seconds / self.curve.seconds_at(width))
+            self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
+
+    def tree_ratio(self) -> float | None:
+        """A tree step's cost over a chain step's of its width: the calibration's, else the median of
+        the TREE_SAMPLES tree steps' (None: not known yet)."""
+        if self.tree_over_chain is not None:
+            return self.tree_over_chain
+        return float(np.median(self.tree_ratios)) if len(self.tree_ratios) >= self.TREE_SAMPLES else None
+
+    def trees(self) -> bool | None:
+        """Whether a tree step costs at most 1 + NOISE times a chain step of its width (None: not known yet)."""
+        ratio = self.tree_ratio()
+        return None if ratio is None else bool(ratio <= 1 + StepCosts.NOISE)
