@@ -87,7 +87,11 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
                              "requests per size (--traces, default ../shared/traces; skipped where absent)")
-    parser.add_argument("--prompt-tokens", type=int, default=None, help="with --batch: each prompt's last N tokens (default 256)")
+    parser.add_argument("--cold", action="store_true",
+                        help="a fresh process's first generate() call per method against plain greedy's, each in a process of its own "
+                             "with an empty home directory (--traces, default ../shared/traces; skipped where absent; --shape default quick)")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="with --batch or --cold: each prompt's last N tokens (default 256 with --batch, 200 with --cold)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
     parser.add_argument("--json-out", type=Path, default=None, help="also write that JSON object to this file (the table still printed)")
     parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
@@ -101,19 +105,22 @@ def run_bench(args) -> int:
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.prompt_tokens is not None and (args.batch is None or args.prompt_tokens < 1):
-        raise ValueError(f"--prompt-tokens cuts the prompts of --batch, and must be >= 1, got {args.prompt_tokens}")
-    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--loop-overhead", args.loop_overhead), ("--context", args.context is not None),
+    if args.prompt_tokens is not None and ((args.batch is None and not args.cold) or args.prompt_tokens < 1):
+        raise ValueError(f"--prompt-tokens cuts the prompts of --batch or --cold, and must be >= 1, got {args.prompt_tokens}")
+    modes = [flag for flag, on in (("--batch", args.batch is not None), ("--cold", args.cold), ("--loop-overhead", args.loop_overhead),
+                                   ("--context", args.context is not None),
                                    ("--overhead", args.overhead), ("--documents", args.documents)) if on]
     if len(modes) > 1:
         raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
-    if modes and modes[0] in ("--batch", "--loop-overhead", "--context") and (args.model or args.prompts):
+    if modes and modes[0] in ("--batch", "--cold", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, e2e, long_context, loop_overhead
+    from lookahead.bench import batched, cold, e2e, long_context, loop_overhead
 
     if args.batch is not None:
         return batched.run_batch_bench(args)
+    if args.cold:
+        return cold.run_cold(args)
     if args.loop_overhead:
         return loop_overhead.run_loop_overhead(args)
     if args.context is not None:
