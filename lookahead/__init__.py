@@ -1,7 +1,9 @@
 """lookahead: training-free drafting that makes language models generate faster, output unchanged.
 
 The drafting core (index, drafter, stores, sizing) needs numpy and numba only;
-`generate` and `verify_costs` need torch and transformers and are imported on first use.
+`generate`, `verify_costs` and `CUSTOM_GENERATE` (the folder transformers' custom_generate
+loads our loop from, lookahead.integrations.hub) need torch and transformers and are
+imported on first use.
 """
 
 from lookahead.documents import DocumentLibrary
@@ -14,6 +16,7 @@ from lookahead.store import TokenStore
 __version__ = "0.2.0"
 
 __all__ = [
+    "CUSTOM_GENERATE",
     "DocumentLibrary",
     "Draft",
     "DraftStats",
@@ -35,6 +38,10 @@ def __getattr__(name: str):
         from lookahead.integrations.generate import generate
 
         return generate
+    if name == "CUSTOM_GENERATE":
+        from lookahead.integrations.hub import FOLDER
+
+        return FOLDER
     if name == "verify_costs":
         from lookahead.integrations.calibration import verify_costs
 
