@@ -371,3 +371,54 @@ def test_gpu_script_dry_run_runs_every_step_and_writes_its_outputs(tmp_path):
     assert {r["batch"] for r in results["batch bench, 8B shape"]["results"]} == {1, 2}
     tables = (out / "tables.md").read_text()
     assert all(f"## {name}" in tables for name in names) and tables.count("| exact |") == len(names)
+
+
+def test_the_caption_counts_the_prompts_read_not_requests_asked(tmp_path, capsys):
+    from tests.models import STORIES, stories_model
+
+    stories_model()  # skips where ../shared is absent
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time"}\n{"prompt": "Tom had a red ball."}\n')
+    assert main(["bench", "--model", str(STORIES), "--prompts", str(prompts), "--max-new-tokens", "8", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "2 request(s) per workload" in out  # --requests defaults to 3; the file holds 2
+
+
+def test_cold_bench_runs_each_call_in_a_fresh_process(tiny, tmp_path, capsys, monkeypatch):
+    from lookahead.bench import cold
+
+    specs = []
+
+    def in_this_process(spec):  # the child's work, without a process per call (the tiny shape is patched here)
+        specs.append(spec)
+        return cold.child(spec)
+
+    monkeypatch.setattr(cold, "cold_call", in_this_process)
+    path = write_traces(tmp_path, requests=1)
+    code, out, _ = run_json(capsys, "--cold", "--traces", str(path), "--max-new-tokens", "24", "--dtype", "float32", "--repeats", "2",
+                            "--shape", "tiny", "--prompt-tokens", "30")
+    assert code == 0
+    assert [s["method"] for s in specs] == list(cold.METHODS) * 2  # methods taking turns, each repeat
+    assert all(len(s["prompt"]) == 30 for s in specs)
+    assert [r["method"] for r in out["results"]] == list(cold.METHODS)
+    assert all(r["exact"] and r["seconds"] > 0 and r["vs_greedy_min"] <= r["vs_greedy_max"] for r in out["results"])
+    assert out["results"][0]["vs_greedy"] == 1.0
+
+
+def test_a_cold_call_is_a_fresh_python_with_an_empty_home(monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lookahead.bench import cold
+
+    seen = {}
+
+    def run(argv, *, env, **kwargs):
+        seen.update(argv=argv, home=env["HOME"], empty=not any(Path(env["HOME"]).iterdir()))
+        return subprocess.CompletedProcess(argv, 0, stdout='progress\n{"seconds": 1.5}\n', stderr="")
+
+    monkeypatch.setattr(cold.subprocess, "run", run)
+    assert cold.cold_call({"method": "greedy", "dtype": "float32"}) == {"seconds": 1.5}  # the child's last line
+    assert seen["argv"][:3] == [sys.executable, "-m", "lookahead.bench.cold"] and seen["empty"]
+    assert not Path(seen["home"]).exists()  # removed after the call

@@ -67,6 +67,8 @@ def run_bench(args) -> int:
     chosen = select_methods(args.methods, variants=args.variants)
     tasks, vocab = load_tasks(args)
     label = "file" if args.traces else "workload"
+    counts = sorted({len(requests) for requests in tasks.values()})  # what was read: a prompts file may hold fewer than --requests
+    requests = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     rows, described, trees = [], None, {}
     for dtype in dtypes:
         model = model_for(args, dtype, device, vocab)
@@ -75,9 +77,9 @@ def run_bench(args) -> int:
         trees[str(dtype).removeprefix("torch.")] = tree_choice(model)
         del model
     if not json_report(args, {"device": device, "model": described, "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
-                              "requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                              "requests": counts[-1], "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                               "tree_none": trees, "results": rows}):
-        print(f"model: {described}, {device}; {args.requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
+        print(f"model: {described}, {device}; {requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
         print("tree=None (lookahead.generate's default) drafted " + ", ".join(
             f"{t['drafts']} in {dtype} " + ("" if t["tree_over_chain"] is None else
                                             f"(a tree step {t['tree_over_chain']:.2f}x a chain step of its width)")
