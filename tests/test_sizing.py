@@ -359,6 +359,8 @@ def test_the_batch_line_starts_from_the_batched_prefill_and_first_plain_step():
     costs = LoopCosts()
     assert static_batch_draft_sizes([0.99] * 4, [8] * 4, [64] * 4, [1.0] * 4, cost=costs.at(4)) == [0] * 4  # unpriced
     costs.observe_prefill(4, 100, 0.1 + 0.001 * 400)  # F = 0.1 s, p = 1 ms per token
+    costs.observe(4, 1, 2.0)  # the first plain step: one-time costs, not learnt from
+    assert costs.line is None
     costs.observe(4, 1, 0.1 + 0.001 * 4)
     assert costs.at(4).fixed_cost_tokens == pytest.approx(100.0, rel=0.01)
     assert min(static_batch_draft_sizes([0.9] * 4, [8] * 4, [64] * 4, [1.0] * 4, cost=costs.at(4))) > 0  # priced: drafts pay

@@ -308,8 +308,8 @@ class LoopCosts:
     Each learns from the steps it prices (`observe`): the curve from one-row chain steps (a
     tree step's explicit mask takes a slower attention path than a chain of its width), the
     line from steps of many rows. Without a calibration both start from the call's own
-    prefill and first plain step (`observe_prefill`, StepCosts): the line's prior F / p is the
-    line through a batch's prefill (rows x L tokens) and its first plain step (rows tokens),
+    prefill and plain steps (`observe_prefill`, StepCosts): the line's prior F / p is the
+    line through a batch's prefill (rows x L tokens) and a plain step after the first (rows tokens),
     and until both are in, batched steps are `Unpriced`.
 
     Trees: a one-row tree step's seconds over the curve's price of a chain step of its width,
@@ -330,6 +330,7 @@ class LoopCosts:
         self.curve = StepCosts(seconds)
         self.line = StepCostFit(line_through(seconds)) if seconds is not None else None
         self.batch_prefill = None  # (tokens, seconds) of a batched prefill, until the line's prior is drawn from it
+        self.batch_warm = False  # a plain batched step was taken (the first is not learnt from)
         self.tree_over_chain = tree_over_chain
         self.tree_ratios = []  # one-row tree steps' seconds over the curve's chain price at their width
         self.tree_warm = False  # a tree step was taken (the first is not learnt from)
@@ -350,9 +351,13 @@ class LoopCosts:
     def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False) -> None:
         if rows > 1:
             if self.line is None and self.batch_prefill is not None and width == 1:
+                if not self.batch_warm:  # the first plain batched step carries its shape's one-time costs
+                    self.batch_warm = True
+                    return
                 tokens, prefill = self.batch_prefill
                 per_token = (prefill - seconds) / (tokens - rows)
-                self.line = StepCostFit(fixed_cost_tokens_of(seconds - per_token * rows, per_token))
+                if per_token > 0:  # else the prefill read faster than a plain step: noise, wait for the next
+                    self.line = StepCostFit(fixed_cost_tokens_of(seconds - per_token * rows, per_token))
             if self.line is not None:
                 self.line.observe(rows, width, seconds)
         elif not tree:
