@@ -389,7 +389,7 @@ def test_cold_bench_runs_each_call_in_a_fresh_process(tiny, tmp_path, capsys, mo
 
     specs = []
 
-    def in_this_process(spec):  # the child's work, without a process per call (the tiny shape is patched here)
+    def in_this_process(spec, fresh_kernels):  # the child's work, without a process per call (the tiny shape is patched here)
         specs.append(spec)
         return cold.child(spec)
 
@@ -406,6 +406,7 @@ def test_cold_bench_runs_each_call_in_a_fresh_process(tiny, tmp_path, capsys, mo
 
 
 def test_a_cold_call_is_a_fresh_python_with_an_empty_home(monkeypatch):
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -415,10 +416,13 @@ def test_a_cold_call_is_a_fresh_python_with_an_empty_home(monkeypatch):
     seen = {}
 
     def run(argv, *, env, **kwargs):
-        seen.update(argv=argv, home=env["HOME"], empty=not any(Path(env["HOME"]).iterdir()))
+        seen.update(argv=argv, env=env, home=env["HOME"], empty=not any(Path(env["HOME"]).iterdir()))
         return subprocess.CompletedProcess(argv, 0, stdout='progress\n{"seconds": 1.5}\n', stderr="")
 
     monkeypatch.setattr(cold.subprocess, "run", run)
     assert cold.cold_call({"method": "greedy", "dtype": "float32"}) == {"seconds": 1.5}  # the child's last line
     assert seen["argv"][:3] == [sys.executable, "-m", "lookahead.bench.cold"] and seen["empty"]
     assert not Path(seen["home"]).exists()  # removed after the call
+    assert "NUMBA_CACHE_DIR" not in seen["env"] or seen["env"]["NUMBA_CACHE_DIR"] == os.environ.get("NUMBA_CACHE_DIR")
+    cold.cold_call({"method": "greedy", "dtype": "float32"}, fresh_kernels=True)
+    assert seen["env"]["NUMBA_CACHE_DIR"].startswith(seen["home"])  # kernels compiled afresh

@@ -90,6 +90,8 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--cold", action="store_true",
                         help="a fresh process's first generate() call per method against plain greedy's, each in a process of its own "
                              "with an empty home directory (--traces, default ../shared/traces; skipped where absent; --shape default quick)")
+    parser.add_argument("--fresh-kernels", action="store_true",
+                        help="with --cold: numba's cache of the drafting kernels empty too, as in a fresh install's first process")
     parser.add_argument("--prompt-tokens", type=int, default=None,
                         help="with --batch or --cold: each prompt's last N tokens (default 256 with --batch, 200 with --cold)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
@@ -107,6 +109,8 @@ def run_bench(args) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_tokens is not None and ((args.batch is None and not args.cold) or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch or --cold, and must be >= 1, got {args.prompt_tokens}")
+    if args.fresh_kernels and not args.cold:
+        raise ValueError("--fresh-kernels is an option of --cold")
     modes = [flag for flag, on in (("--batch", args.batch is not None), ("--cold", args.cold), ("--loop-overhead", args.loop_overhead),
                                    ("--context", args.context is not None),
                                    ("--overhead", args.overhead), ("--documents", args.documents)) if on]

@@ -6,7 +6,8 @@ warm-up, torch's first-shape costs). Each (dtype, request, method, repeat) runs 
 of its own with an empty home directory (no cache there) that builds the forced model
 (traces.build_model, random weights of --shape at the traces' vocabulary, its greedy choice
 forced in the forward) and times one generate() call; the methods take turns, so load hits
-all alike. Reported: each method's fastest call, and the min-max of the repeats' own ratios
+all alike. numba's cache of the drafting kernels, written beside the package by its first
+process, is kept (an installed package's state); `--fresh-kernels` empties it too. Reported: each method's fastest call, and the min-max of the repeats' own ratios
 to greedy.
 """
 
@@ -46,14 +47,14 @@ def run_cold(args) -> int:
                 for i, task in enumerate(tasks):
                     for method in METHODS:
                         bar.set_description(f"{dtype} request {i + 1} {method}")
-                        result = cold_call(dict(shape=shape, dtype=dtype, method=method, **task))
+                        result = cold_call(dict(shape=shape, dtype=dtype, method=method, **task), fresh_kernels=args.fresh_kernels)
                         calls.setdefault((dtype, i, method), []).append(result)
                         bar.update()
     rows = summarize(calls, dtypes, len(tasks), args.repeats)
     shape_name = args.shape or "quick"
-    if not json_report(args, {"shape": shape_name, "prompt_tokens": prompt_tokens, "max_new_tokens": args.max_new_tokens,
+    if not json_report(args, {"shape": shape_name, "fresh_kernels": args.fresh_kernels, "prompt_tokens": prompt_tokens, "max_new_tokens": args.max_new_tokens,
                               "requests": len(tasks), "repeats": args.repeats, "results": rows}):
-        print(f"a fresh process's first generate() call, forced random Qwen2 of shape {shape_name} ({shape['hidden_size']} hidden, {shape['num_hidden_layers']} layers) at vocab {TRACE_VOCAB_SIZE}; "
+        print(("a fresh install's" if args.fresh_kernels else "a fresh process's") + f" first generate() call, forced random Qwen2 of shape {shape_name} ({shape['hidden_size']} hidden, {shape['num_hidden_layers']} layers) at vocab {TRACE_VOCAB_SIZE}; "
               f"{len(tasks)} request(s), each prompt's last {prompt_tokens} tokens, at most {args.max_new_tokens} new tokens; "
               f"tau: tokens per forward pass (the drafter's stats); seconds: the requests' summed fastest of {args.repeats} calls; vs greedy: greedy's seconds over the method's "
               "(above 1: faster), in brackets the min-max over the repeats")
@@ -78,11 +79,15 @@ def summarize(calls: dict, dtypes: list[str], requests: int, repeats: int) -> li
     return rows
 
 
-def cold_call(spec: dict) -> dict:
-    """One generate() call in a fresh Python process with an empty home directory; its result (child's JSON)."""
+def cold_call(spec: dict, *, fresh_kernels: bool = False) -> dict:
+    """One generate() call in a fresh Python process with an empty home directory; its result (child's JSON).
+    fresh_kernels: numba's cache of the drafting kernels (beside the package, written by the
+    install's first process) empty too, as on a fresh install that never ran."""
     with tempfile.TemporaryDirectory(prefix="lookahead-cold-home-") as home:
         env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": os.path.join(home, ".cache")}
         env.pop("HF_HOME", None)
+        if fresh_kernels:
+            env["NUMBA_CACHE_DIR"] = os.path.join(home, "numba")
         done = subprocess.run([sys.executable, "-m", "lookahead.bench.cold", json.dumps(spec)], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the cold process failed ({spec['method']}, {spec['dtype']}):\n{done.stderr[-3000:]}")
