@@ -62,7 +62,7 @@ def loop_costs(model) -> LoopCosts:
     if key not in LEARNT:
         calibrated = CALIBRATED.get(model_key(model))
         LEARNT[key] = (LoopCosts() if calibrated is None
-                       else LoopCosts(calibrated["chain"], tree_over_chain=float(calibrated["tree16"] / calibrated["chain16"])))
+                       else LoopCosts(calibrated["chain"], tree_over_chain=calibrated["tree_over_chain"]))
     return LEARNT[key]
 
 
@@ -71,8 +71,7 @@ def tree_over_chain_16(model) -> float:
     forward, the kept path gathered into the cache) over its step over a 16-token chain (the
     model's own causal mask, the cache cropped): what a tree step adds to a block of its width,
     the host's share included (nan for a family without trees)."""
-    times = _calibrate(model)
-    return float(times["tree16"] / times["chain16"])
+    return _calibrate(model)["tree_over_chain"]
 
 
 def timed_forward(model, run) -> float:
@@ -87,7 +86,8 @@ def timed_forward(model, run) -> float:
 
 def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     """{"chain": seconds per forward over SIZES new tokens; "chain16", "tree16": seconds of our
-    loop's step over a 16-token chain and a 16-node tree (nan without trees)}, after `context`
+    loop's step over a 16-token chain and a 16-node tree (nan without trees); "tree_over_chain":
+    their ratio}, after `context`
     cached tokens; measured once per model shape.
 
     Cost: (repeats + 1) forward passes over each of SIZES and the two steps (0.3-3 s for a
@@ -131,7 +131,7 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
     # A wider block streams the same weights as one token and computes more: never cheaper.
     chain = np.maximum(np.asarray(fastest[: len(SIZES)]), fastest[0])
     chain16, tree16 = fastest[len(SIZES) :] if len(runs) > len(SIZES) else (float("nan"), float("nan"))
-    CALIBRATED[key] = {"chain": chain, "chain16": chain16, "tree16": tree16}
+    CALIBRATED[key] = {"chain": chain, "chain16": chain16, "tree16": tree16, "tree_over_chain": float(tree16 / chain16)}
     for loop in ("assistant", "loop"):
         LEARNT.pop((*key, loop), None)  # the next calls start from the calibration
     return CALIBRATED[key]
