@@ -201,6 +201,12 @@ class FixedCosts:
     def observe(self, rows, width, seconds, *, tree=False):
         pass
 
+    def observe_prefill(self, rows, tokens, seconds):
+        pass
+
+    def trees(self):
+        return False
+
 
 def test_drafts_shrink_as_the_batch_grows(monkeypatch):
     # The same two stories at 2 rows and copied to 16: a column costs 16 tokens instead of 2, so

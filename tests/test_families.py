@@ -14,6 +14,7 @@ import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
 from lookahead.bench.families import NEW_TOKENS, WINDOW, prompt, run_family, tiny_model
 from lookahead.integrations.hf import cache_inputs
+from lookahead.integrations import support
 from lookahead.integrations.support import tree_support
 
 SUBSET = {  # those the installed transformers has (lfm3 is newer than 5.17)
@@ -99,16 +100,17 @@ def test_stateful_models_refused_before_any_forward_pass(family, monkeypatch):
 
 
 def test_probe_runs_once_per_model(monkeypatch):
-    model = tiny_model("llama")
-    assert tree_support(model) is None
+    model = tiny_model("bloom")  # not declared: probed
+    found = tree_support(model)
     calls = []
     forward = type(model).forward
     monkeypatch.setattr(type(model), "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
-    assert tree_support(model) is None
+    assert tree_support(model) == found
     assert calls == []
 
 
 def test_tree_probe_refuses_a_forward_that_ignores_the_mask(monkeypatch):
+    monkeypatch.setattr(support, "DECLARED_EXACT", frozenset())  # probed, as an undeclared family is
     model = tiny_model("gpt2")
     copy = type(model)(model.config).eval()  # a fresh model: its own probe
     copy.load_state_dict(model.state_dict())
@@ -124,6 +126,7 @@ def test_tree_probe_refuses_a_forward_that_ignores_the_mask(monkeypatch):
 
 def test_chain_probe_refuses_a_forward_that_drops_the_cache(monkeypatch):
     # As transformers 5.17's BigBird, RemBERT, RoFormer, ... do for a block of several new tokens (docs/families.md).
+    monkeypatch.setattr(support, "DECLARED_EXACT", frozenset())  # probed, as an undeclared family is
     model = tiny_model("llama")
     copy = type(model)(model.config).eval()
     copy.load_state_dict(model.state_dict())
@@ -137,3 +140,19 @@ def test_chain_probe_refuses_a_forward_that_drops_the_cache(monkeypatch):
     monkeypatch.setattr(type(copy), "forward", without_cache)
     with pytest.raises(UnsupportedGenerationError, match="other logits for a block of new tokens after a cache"):
         lookahead.generate(copy, prompt("llama"), tree=False, max_new_tokens=4, do_sample=False)
+
+
+@pytest.mark.parametrize("family", sorted(f for f in support.DECLARED_EXACT if f in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+def test_a_declared_family_is_what_its_probes_find(family):
+    # declared families skip the probes (a dozen forwards on a first call): their probes must agree
+    model = tiny_model(family)
+    assert support.declared_exact(model, "chain")
+    with torch.inference_mode():
+        assert support._probe_chain(model) is None
+        assert support.tree_support(model) == support._probe_tree(model)  # None, or the same cache-layer refusal
+
+
+def test_a_declared_family_with_an_attention_that_ignores_masks_is_probed(monkeypatch):
+    model = tiny_model("llama")
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    assert support.declared_exact(model, "chain") and not support.declared_exact(model, "tree")

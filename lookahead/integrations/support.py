@@ -2,9 +2,9 @@
 
 Every refusal is one line of UnsupportedGenerationError naming the limitation and what to do
 instead, raised before any forward pass where the model declares it (a recurrent state, a
-cache of its own, an encoder-decoder, beam search, a static cache), or after a probe of a
-few small forward passes, once per model, where only running it tells (a forward that gives
-other logits over a cache, or ignores a 4-D mask).
+cache of its own, an encoder-decoder, beam search, a static cache) or its family is declared
+exact (DECLARED_EXACT), or after a probe of a few small forward passes, once per model, where
+only running it tells (a forward that gives other logits over a cache, or ignores a 4-D mask).
 """
 
 import weakref
@@ -25,6 +25,16 @@ TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.spli
 PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {("chain"/"tree", training): reason or None}
 PROBE_PREFIX = 6  # cached tokens before a probe's block
 PROBE_BRANCH = 2  # tokens per branch of the probe's two-branch tree
+# Families (config.model_type) whose forward is exact over a cache, for chains, and for trees with
+# an attention that takes a 4-D mask (MASK_ATTENTION) over plain cache layers: declared, not
+# probed. The probes cost a dozen small forward passes, a third of a short first call on a CPU
+# (docs/benchmarks.md, the first call); tests/test_families.py checks each declared family's
+# probes agree, and the sweep (docs/families.md) finds every one exact on every path.
+DECLARED_EXACT = frozenset({
+    "cohere", "gemma", "gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "mixtral", "olmo2", "phi3",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "starcoder2",
+})
+MASK_ATTENTION = ("eager", "sdpa")  # attention implementations that take a 4-D mask and position ids as given
 
 
 def unsupported_reason(model) -> str | None:
@@ -69,9 +79,20 @@ def refuse_unsupported(model, entry: str) -> None:
 
 
 def chain_support(model) -> str | None:
-    """Probe, once per model: a block of 2 tokens after a cache of 6, then 1 more after a rollback of one,
-    against one forward over each whole sequence (no cache). None if the logits agree (probe_tolerance)."""
+    """None for a DECLARED_EXACT family; else a probe, once per model: a block of 2 tokens after a cache of 6,
+    then 1 more after a rollback of one, against one forward over each whole sequence (no cache). None if
+    the logits agree (probe_tolerance)."""
+    if declared_exact(model, "chain"):
+        return None
     return _probed(model, "chain", _probe_chain)
+
+
+def declared_exact(model, kind: str) -> bool:
+    """Whether `model`'s family is declared exact for `kind` ("chain", or "tree": with an attention in MASK_ATTENTION)."""
+    config = model.config.get_text_config()
+    if model.training or getattr(config, "model_type", None) not in DECLARED_EXACT:  # training: the probe says why not
+        return False
+    return kind == "chain" or getattr(config, "_attn_implementation", None) in MASK_ATTENTION
 
 
 def tree_support(model) -> str | None:
@@ -85,7 +106,22 @@ def tree_support(model) -> str | None:
     per path), forwards that raise on a 4-D mask or ignore it.
     """
     reason = unsupported_reason(model)
-    return reason if reason is not None else _probed(model, "tree", _probe_tree)
+    if reason is not None:
+        return reason
+    if declared_exact(model, "tree"):
+        return ungatherable_layers(model, new_cache(model))
+    return _probed(model, "tree", _probe_tree)
+
+
+def ungatherable_layers(model, cache) -> str | None:
+    """Why `cache`'s layers cannot be gathered per tree path (sliding windows, linear attention), or None."""
+    kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
+    if not kinds:
+        return None
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return (f"{type(model).__name__}'s cache has {', '.join(kinds)} layers"
+            + (f" (sliding_window={window})" if window else "")
+            + ", whose entries cannot be gathered per tree path")
 
 
 def probe_tolerance(dtype: torch.dtype) -> float:
@@ -154,12 +190,8 @@ def _probe_tree(model) -> str | None:
     cached = PROBE_PREFIX - 1
     model(input_ids=prefix[:, :cached], **cache_inputs(model, cache), **chain_positions(model, 0, cached, device))
     drop_cache_tail(cache, 0)
-    kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
-    if kinds:
-        window = getattr(model.config.get_text_config(), "sliding_window", None)
-        return (f"{type(model).__name__}'s cache has {', '.join(kinds)} layers"
-                + (f" (sliding_window={window})" if window else "")
-                + ", whose entries cannot be gathered per tree path")
+    if (reason := ungatherable_layers(model, cache)) is not None:
+        return reason
     # Block: the last prefix token, then branch a under it, then branch b under it.
     block = torch.cat([prefix[:, -1:], a, b], dim=1)
     n = block.shape[1]
