@@ -11,7 +11,8 @@ vLLM is not imported here: it builds the proposer and hands it plain arrays.
 """
 
 from lookahead.integrations.vllm.options import LOGGER, OPTIONS, PROPOSER, engine_args, read_options, require_vllm
-from lookahead.integrations.vllm.proposer import LookupProposer, ProposerStats
+from lookahead.integrations.vllm.proposer import LookupProposer
+from lookahead.integrations.vllm.stats import ProposerStats
 from lookahead.integrations.vllm.rows import find_runner
 
 __all__ = ["LOGGER", "OPTIONS", "PROPOSER", "LookupProposer", "ProposerStats", "engine_args", "find_runner", "read_options",

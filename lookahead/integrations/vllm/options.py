@@ -90,9 +90,23 @@ def engine_args(*, num_draft_tokens: int = 8, **options) -> dict:
         raise ValueError(f"num_draft_tokens must be an int >= 1, got {num_draft_tokens!r}")
     read_options(options)
     return {
-        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_draft_tokens},
+        "speculative_config": {"method": "custom_class", proposer_key(): PROPOSER, "num_speculative_tokens": num_draft_tokens},
         "additional_config": {OPTION_KEY: dict(options)},
     }
+
+
+def proposer_key() -> str:
+    """The speculative_config key that names a custom proposer class in the installed vLLM.
+
+    0.32 and 0.33 read `model`; a later revision of vLLM's main branch reads
+    `custom_proposer_backend` (vllm/v1/spec_decode/custom_class_proposer.py's CustomClassProposer),
+    a field of its SpeculativeConfig.
+    """
+    try:
+        from vllm.config import SpeculativeConfig
+    except ImportError:  # not vLLM's own package layout: the released one's key
+        return "model"
+    return "custom_proposer_backend" if "custom_proposer_backend" in getattr(SpeculativeConfig, "__dataclass_fields__", {}) else "model"
 
 
 def require_vllm():
