@@ -8,9 +8,11 @@ Llama-3.1-8B-Instruct wrote), held in a persistent batch laid out as vLLM's (tok
 live requests). Each step the "model" writes what the trace wrote: the drafted tokens that
 agree with it and the one after (greedy verification, as the forced target of
 examples/vllm_serving.py accepts them); a finished request is replaced by the next trace at
-once (continuous batching). Printed per row count: the mean wall time of `propose` per step
-(after a warm-up of --warm steps), its microseconds per row, and the drafted and accepted
-tokens, for three load rules:
+once (continuous batching); between steps the "forward" sleeps --forward-ms (releasing the
+GIL, as a model's forward does: the proposer files finished requests into its memory on a
+thread meanwhile, timed apart as "filing"). Printed per row count: the median and mean wall
+time of `propose` per step (after a warm-up of --warm steps), its microseconds per row, the
+filing thread's time per step, and the drafted and accepted tokens, for three load rules:
 
 - `draft-all`: cost_aware=False, every chain sent whole (the most work a step does);
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
@@ -91,7 +93,7 @@ class Runner:
         self.state[row] = [output, 1]
         self.drafts[row] = []
 
-    def step(self, proposer) -> float:
+    def step(self, proposer, forward_s: float = 0.0) -> float:
         """One engine step: every row verifies its draft against its trace; returns propose's seconds."""
         batch = self.input_batch
         sampled = []
@@ -114,6 +116,7 @@ class Runner:
             self.drafted += len(draft)
             self.accepted += kept
             sampled.append(list(new))
+        time.sleep(forward_s)
         start = time.perf_counter()
         self.drafts = proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
         return time.perf_counter() - start
@@ -135,22 +138,28 @@ def main() -> None:
     parser.add_argument("--rows", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warm", type=int, default=20)
+    parser.add_argument("--forward-ms", type=float, default=2.0)
     args = parser.parse_args()
     traces = load_traces(args.traces)
     print(f"{len(traces)} traces; K={K}; {args.steps} steps after {args.warm}")
-    print("| rows | rule | propose ms/step (median) | mean | us/row | drafted/step | accepted/drafted |")
-    print("|---|---|---|---|---|---|---|")
+    print("| rows | rule | propose ms/step (median) | mean | us/row (mean) | filing ms/step | drafted/step | accepted/drafted |")
+    print("|---|---|---|---|---|---|---|---|")
     for rows in [int(r) for r in args.rows.split(",")]:
         for name, options in RULES.items():
             proposer = LookupProposer(config(rows, **options))
             runner = Runner(proposer, rows, traces)
+            forward_s = args.forward_ms / 1e3
             for _ in range(args.warm):
-                runner.step(proposer)
+                runner.step(proposer, forward_s)
             runner.drafted = runner.accepted = 0
-            times = [runner.step(proposer) for _ in range(args.steps)]
+            filing = getattr(proposer, "_filing", None)  # (older proposers file at once)
+            filed = filing.seconds if filing is not None else 0.0
+            times = [runner.step(proposer, forward_s) for _ in range(args.steps)]
+            filed = (filing.seconds - filed) if filing is not None else float("nan")
             median, mean = statistics.median(times) * 1e3, statistics.mean(times) * 1e3
             rate = runner.accepted / runner.drafted if runner.drafted else 0.0
-            print(f"| {rows} | {name} | {median:.3f} | {mean:.3f} | {mean * 1e3 / rows:.1f} | {runner.drafted / args.steps:.1f} | {rate:.2f} |")
+            print(f"| {rows} | {name} | {median:.3f} | {mean:.3f} | {mean * 1e3 / rows:.1f} | {filed * 1e3 / args.steps:.3f} | "
+                  f"{runner.drafted / args.steps:.1f} | {rate:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

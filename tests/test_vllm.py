@@ -389,18 +389,20 @@ class ReferenceProposer:
             room = min(self.k, self.max_model_len - n)
             keys.append((key, request, room if written else 0))
         decode = [(key, request, room) for key, request, room in keys if room > 0]
-        pays = decode and (self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
-            request.keep_rate.keep_chance(m) for _, request, _ in decode for m in range(request.drafter.max_ngram + 1)))
-            > len(decode) / (self.cost.fixed_cost_tokens + len(decode)))
+        bar = len(decode) / (self.cost.fixed_cost_tokens + len(decode))  # a row below it for every anchor length: not drafted
+        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
+            request.keep_rate.keep_chance(m) for m in range(request.drafter.max_ngram + 1))) > bar]
         out = {}
-        if pays:
-            chains = [(key, request, request.propose(room)) for key, request, room in decode]
-            sizes = batch_draft_sizes([request.keep_chance(chain) for _, request, chain in chains],
-                                      [len(chain) for _, _, chain in chains], cost=self.cost)
-            for (key, request, chain), size in zip(chains, sizes):
-                if len(chain):
-                    request.commit(chain, size)
-                out[key] = chain.token_ids[:size].tolist()
+        if drafting:
+            chains = {key: (request, request.propose(room)) for key, request, room in drafting}
+            sizes = batch_draft_sizes([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
+                                      [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode], cost=self.cost)
+            for (key, _, _), size in zip(decode, sizes):
+                if key in chains:
+                    request, chain = chains[key]
+                    if len(chain):
+                        request.commit(chain, size)
+                    out[key] = chain.token_ids[:size].tolist()
         self.sent = {key: ids for key, ids in out.items() if ids}
         self.steps += 1
         for tokens in self.memory_later:

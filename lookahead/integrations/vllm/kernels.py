@@ -131,11 +131,11 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
       the step's tokens and vLLM checked it (or we had sent nothing), dropped otherwise
       (out_status: LEARNT, DISCARDED, NO_PLAN); watched rests settle against the row;
     - the slot takes the row's new tokens (tokens[s][copied:num_tokens]).
-    Then, if some row with room[r] > 0 has a keep chance above `bar` for some anchor length (the
-    load rule's first bar: below it no drafted token pays), or with `force`, every such row's
-    index takes the tokens not yet indexed and it drafts the chain of at most room[r] tokens
-    LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on out_match[r] tokens, each
-    kept with chance out_chance[r]. Returns whether it drafted.
+    Then each row with room[r] > 0 whose keep chance beats `bar` for some anchor length (the load
+    rule's first bar: below it the rule takes no token of the row), or every such row with
+    `force`, has its index take the tokens not yet indexed and drafts the chain of at most
+    room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
+    out_match[r] tokens, each kept with chance out_chance[r]. Returns whether any row drafted.
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
     extended slot's buffers for its new tokens (SlotBuffers.reserve).
     """
@@ -175,17 +175,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
                 tok[pos] = row[pos]
             copied[s] = n
             last_token[s] = row[n - 1]
-    pays = force
-    for r in range(rows_slot.shape[0]):
-        if pays:
-            break
-        if room[r] > 0:
-            for m in range(keep.shape[1]):
-                if min(keep_chance(keep, overall, rows_slot[r], m), MAX_CHANCE) > bar:
-                    pays = True
-                    break
-    if not pays:
-        return False
+    drafted = False
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -193,6 +183,15 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
         limit = room[r]
         if limit <= 0 or n < 1:
             continue
+        if not force:  # a row none of whose anchor lengths beats the bar gets no token from the rule: not drafted
+            pays = False
+            for m in range(keep.shape[1]):
+                if min(keep_chance(keep, overall, s, m), MAX_CHANCE) > bar:
+                    pays = True
+                    break
+            if not pays:
+                continue
+        drafted = True
         tok, prv, tab = tokens[s], prev[s], table[s]
         start = indexed[s]
         if n > start:
@@ -220,7 +219,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
         out_match[r] = anchored
         if length:
             out_chance[r] = keep_chance(keep, overall, s, anchored)
-    return True
+    return drafted
 
 
 @njit(cache=True)

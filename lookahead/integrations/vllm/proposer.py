@@ -255,6 +255,8 @@ class LookupProposer:
         self._options = (min_ngram, max_ngram, float(options["draft_factor"]), self.memory is not None)
         self._rows = 0
         self._row_buffers(max_num_seqs)
+        self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
+        self._retired = False  # whether a request was retired since _slots_seen
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
         self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
@@ -376,7 +378,14 @@ class LookupProposer:
             sizes[:] = 0
         elif self.options["cost_aware"]:
             chances = self._out_chance[:num_rows]
-            kernels.batch_sizes(chances, lengths, h + d, sizes)  # once a draft is sent, D is paid: the fixed part is h + d
+            rows = np.flatnonzero(room > 0)  # the step's decode rows: each verifies and yields its own token
+            if rows.shape[0] == num_rows:
+                kernels.batch_sizes(chances, lengths, h + d, sizes)  # once a draft is sent, D is paid: the fixed part is h + d
+            else:
+                decode_sizes = np.zeros(rows.shape[0], dtype=np.int64)
+                kernels.batch_sizes(chances[rows], lengths[rows], h + d, decode_sizes)
+                sizes[:] = 0
+                sizes[rows] = decode_sizes
             if sizes.any():
                 a = np.minimum(chances, MAX_CHANCE)
                 expected = float((a * (1 - a ** sizes) / (1 - a)).sum())  # drafted tokens kept: sum_r a_r + ... + a_r^size_r
@@ -391,8 +400,11 @@ class LookupProposer:
         if drafting:
             kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
                            s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
-            for row in np.flatnonzero(sizes).tolist():
-                out[row] = self._sent[int(slots[row])] = self._out_ids[row, : sizes[row]].tolist()
+            sent = np.flatnonzero(sizes)
+            if sent.shape[0]:
+                ids, slot_of, size_of = self._out_ids[:num_rows].tolist(), slots.tolist(), sizes.tolist()
+                for row in sent.tolist():
+                    out[row] = self._sent[slot_of[row]] = ids[row][: size_of[row]]
             self.stats.cut_tokens += int(lengths.sum() - sizes.sum())
 
         if self._finished:
@@ -443,7 +455,10 @@ class LookupProposer:
     def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> np.ndarray:
         """The slot of each row's request, new requests started; a request id reused for other tokens is a new request."""
         requests = self.requests
-        slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
+        if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
+            slots = self._slots_seen.copy()
+        else:
+            slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
         known = np.flatnonzero(slots >= 0)
         if known.shape[0]:
             s = self.slots
@@ -461,6 +476,7 @@ class LookupProposer:
                                                         max_ngram=self.slots.max_ngram))
             slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
             self.stats.requests += 1
+        self._keys_seen, self._slots_seen, self._retired = keys, slots, False
         return slots
 
     def _doc_of(self, store) -> int:
@@ -517,6 +533,8 @@ class LookupProposer:
     def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
         """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
         status = self._out_status[:num_rows]
+        if not status.any() and not theirs.any():
+            return
         self.stats.discarded_drafts += int(np.count_nonzero(status == kernels.DISCARDED))
         ours = (status == kernels.LEARNT) & (verified > 0)
         for drafted, accepted in ((verified, ours), (theirs, theirs > 0)):
@@ -557,6 +575,7 @@ class LookupProposer:
     def _retire(self, key) -> None:
         """Files a finished request into memory and frees its slot."""
         s = self.requests.pop(key)
+        self._retired = True
         self._sent.pop(s, None)
         if self.memory is not None and self.slots.copied[s]:
             self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (MemoryFiling)
