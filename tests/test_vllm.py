@@ -553,20 +553,23 @@ def test_step_costs_measured_between_calls():
     assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
 
 
-@pytest.mark.parametrize("fixed_cost_tokens", [None, 10.0])
+@pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])
 def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tokens):
     """The engine's step times (F + p * tokens, D more when any draft is verified) teach the rule that
-    at 32 rows drafting lowers tokens per second, while at one row it raises them: it sends nothing
-    at 32 rows (on most steps: the keep rates' estimates vary by request), and sends drafts at one.
-    Drafted tokens are kept with chance 0.8; told h = 10 and nothing of D, it drafts at 32 rows."""
+    at 32 rows drafting lowers tokens per second, while at one row it raises them: at 32 rows it sends
+    nothing (but on the steps that measure drafting again), at one row it sends drafts. Told h = 30
+    and nothing of D, it drafts at 32 rows on every step."""
     rng = random.Random(0)
     proposer = LookupProposer(fake_config(k=4, max_model_len=4096, max_num_seqs=32, fixed_cost_tokens=fixed_cost_tokens))
     runner = FakeRunner(proposer)
     runner.input_batch = FakeBatch(max_rows=32, max_len=4096)
     now = [0.0]
     proposer.clock = lambda: now[0]
-    period = {i: [1000 + i, 2000 + i, 3000 + i, 4000 + i] for i in range(32)}
-    outputs = {i: [period[i][0]] for i in range(32)}
+    # what each request writes: a period of 4 with one in seven of its tokens replaced by chance
+    truth = {i: [(1000 * (1 + j % 4) + i) if rng.random() > 0.15 else 9000 + rng.randrange(4) for j in range(4000)]
+             for i in range(32)}
+    prompts = {i: [1000 + i, 2000 + i, 3000 + i, 4000 + i] * 3 for i in range(32)}
+    outputs = {i: truth[i][:1] for i in range(32)}
 
     def steps(rows, count):
         sent = []
@@ -574,16 +577,17 @@ def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tok
         for _ in range(count):
             sampled = []
             for i in rows:
-                kept = []  # the model keeps each drafted token with chance 0.8 (until it refuses one)
-                while len(kept) < len(drafts[i]) and rng.random() < 0.8 and drafts[i][len(kept)] == period[i][(len(outputs[i]) + len(kept)) % 4]:
-                    kept.append(drafts[i][len(kept)])
-                written = kept + [9000 + i if len(kept) < len(drafts[i]) else period[i][(len(outputs[i]) + len(kept)) % 4]]
+                done = len(outputs[i])
+                kept = 0  # greedy verification: the drafted tokens that equal what the model writes, then its own
+                while kept < len(drafts[i]) and drafts[i][kept] == truth[i][done + kept]:
+                    kept += 1
+                written = truth[i][done : done + kept + 1]
                 outputs[i] += written
                 sampled.append(written)
-            out = runner.step(proposer, [(f"r{i}", period[i] * 3, outputs[i]) for i in rows], sampled)
+            out = runner.step(proposer, [(f"r{i}", prompts[i], outputs[i]) for i in rows], sampled)
             drafts = dict(zip(rows, out))
             tokens = sum(map(len, out)) + len(rows)
-            now[0] += 0.010 + 0.001 * tokens + 0.020 * any(out)  # the engine's step: F = 10 ms, p = 1 ms, D = 20 ms
+            now[0] += 0.030 + 0.001 * tokens + 0.025 * any(out)  # the engine's step: F = 30 ms, p = 1 ms, D = 25 ms
             sent.append(sum(map(len, out)))
         return sent
 
@@ -594,10 +598,10 @@ def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tok
     high, low = steps(many, 40), steps(one, 10)
     assert sum(map(bool, low)) >= 9  # one row: drafts pay
     if fixed_cost_tokens is None:  # learnt: D makes drafting a loss at 32 rows
-        assert proposer.cost.fixed_cost_tokens == pytest.approx(10, rel=0.1)
-        assert proposer.cost.draft_cost_tokens == pytest.approx(20, rel=0.1)
+        assert proposer.cost.fixed_cost_tokens == pytest.approx(30, rel=0.1)
+        assert proposer.cost.draft_cost_tokens == pytest.approx(25, rel=0.1)
         assert sum(map(bool, high)) < 40 / 3 and proposer.stats.withheld_steps > 0
-    else:  # told h = 10 and nothing of D: it drafts at 32 rows nearly every step
+    else:  # told h = 30 and nothing of D: it drafts at 32 rows nearly every step
         assert sum(map(bool, high)) > 0.9 * 40
 
 

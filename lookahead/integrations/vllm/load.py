@@ -87,3 +87,56 @@ def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: fl
     expected to keep `expected` of them, under h = fixed_cost_tokens and d = draft_cost_tokens."""
     h, d = fixed_cost_tokens, draft_cost_tokens
     return tokens > 0 and (rows + expected) * (h + rows) > rows * (h + d + rows + tokens)
+
+
+class DraftGate:
+    """Whether to send drafts at a load, from the engine's measured throughput: tokens per second of
+    the steps that verified drafts against those that did not, per batch size (rows in powers of two).
+
+    The cost line above is a model; this is what the steps showed. A load's drafted steps are
+    tried first (`EXPLORE` of them), then its plain ones; after that drafts go out only while
+    drafted steps have yielded at least as many tokens per second as plain ones there, and one
+    step in `RETRY` tries the arm not taken, so that a load whose balance moves is measured again.
+    Each arm's rate is a faded mean (`fade` per step of that arm and load).
+
+    Example:
+        >>> gate = DraftGate()
+        >>> for _ in range(8):
+        ...     gate.observe(64, True, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
+        ...     gate.observe(64, False, 800.0)  # plain ones: 800
+        ...     gate.observe(1, True, 120.0)
+        ...     gate.observe(1, False, 80.0)
+        >>> gate.allows(64), gate.allows(1)
+        (False, True)
+    """
+
+    EXPLORE = 3  # steps of each arm measured at a load before the rates decide
+    RETRY = 16  # one decision in RETRY at a load takes the other arm
+
+    def __init__(self, *, fade: float = 0.8):
+        self.fade = fade
+        self._rate: dict = {}  # (load, drafted) -> faded tokens per second
+        self._count: dict = {}  # (load, drafted) -> steps measured
+        self._decisions: dict = {}  # load -> decisions made
+
+    @staticmethod
+    def load_of(rows: int) -> int:
+        return max(int(rows), 1).bit_length()  # 1, 2-3, 4-7, 8-15, ...
+
+    def observe(self, rows: int, drafted: bool, tokens_per_s: float) -> None:
+        key = (self.load_of(rows), bool(drafted))
+        old = self._rate.get(key)
+        self._rate[key] = tokens_per_s if old is None else self.fade * old + (1 - self.fade) * tokens_per_s
+        self._count[key] = self._count.get(key, 0) + 1
+
+    def allows(self, rows: int) -> bool:
+        """Whether drafts may be sent to a step of `rows` decode rows."""
+        load = self.load_of(rows)
+        drafted, plain = self._count.get((load, True), 0), self._count.get((load, False), 0)
+        if drafted < self.EXPLORE:
+            return True
+        if plain < self.EXPLORE:
+            return False
+        decision = self._decisions[load] = self._decisions.get(load, 0) + 1
+        better = self._rate[(load, True)] >= self._rate[(load, False)]
+        return better != (decision % self.RETRY == 0)

@@ -46,7 +46,7 @@ from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
-from lookahead.integrations.vllm.load import DraftStepCost, worth_sending
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
 from lookahead.sizing.cost import LineCost
 from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.store import TokenStore
@@ -235,6 +235,7 @@ class LookupProposer:
         fixed = options["fixed_cost_tokens"]
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
+        self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
@@ -390,7 +391,8 @@ class LookupProposer:
                 a = np.minimum(chances, MAX_CHANCE)
                 expected = float((a * (1 - a ** sizes) / (1 - a)).sum())  # drafted tokens kept: sum_r a_r + ... + a_r^size_r
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
-                if plain or not worth_sending(decode, expected, int(sizes.sum()), h, d):
+                if (plain or not worth_sending(decode, expected, int(sizes.sum()), h, d)
+                        or (self.gate is not None and not self.gate.allows(decode))):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
         else:
@@ -430,9 +432,10 @@ class LookupProposer:
         if not isinstance(self.cost, DraftStepCost) or last is None or new_keys:
             return
         decode_keys, tokens, drafted, returned = last
-        if not num_sampled.all() or keys != decode_keys:
+        if not num_sampled.all() or keys != decode_keys or now <= returned:
             return
         self.cost.observe(tokens, drafted, now - returned)
+        self.gate.observe(len(keys), drafted, float(num_sampled.sum()) / (now - returned))  # the tokens that step wrote
 
     # -- rows -> requests ----------------------------------------------------------------------
 
