@@ -241,6 +241,7 @@ def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: 
     rows = []
     try:
         serve(llm, [[[128_000, 9906, 1917] * 8, [0] * 16]], 1, "warm-up")
+        ours = read_stats(method, stats_path)
         for c, traces in levels.items():
             before = read_counters(llm)
             started = time.perf_counter()
@@ -248,17 +249,34 @@ def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: 
             seconds = time.perf_counter() - started
             after = read_counters(llm)
             counts = {key: after[key] - before[key] for key in after}
+            ours_before, ours = ours, read_stats(method, stats_path)
+            steps = ours["steps"] - ours_before["steps"] if ours else 0
             rows.append(dict(method=method, async_scheduling=async_scheduling, concurrency=c, requests=len(traces),
                              tokens=sum(map(len, outputs)), seconds=seconds,
                              tpot_ms=1e3 * counts.pop("tpot_sum") / max(1, counts.pop("tpot_count")), outputs=outputs,
-                             trace=outputs == [g for _, g in traces], **counts))
+                             trace=outputs == [g for _, g in traces],
+                             propose_ms=1e3 * (ours["propose_s"] - ours_before["propose_s"]) / steps if steps else None,
+                             load=({key: ours[key] for key in ("fixed_cost_tokens", "draft_cost_tokens")}
+                                   | {key: ours[key] - ours_before[key] for key in ("skipped_steps", "withheld_steps", "steps")}
+                                   if ours else None), **counts))
     finally:
         llm.llm_engine.engine_core.shutdown()
     if method == "lookahead":
         stats = json.loads(stats_path.read_text())
-        print(f"lookahead: fixed_cost_tokens measured {stats['fixed_cost_tokens']:.1f}, drafted tokens cut by the load rule "
-              f"{stats['cut_tokens']}, {stats['propose_s'] * 1e3 / max(1, stats['steps']):.2f} ms per propose call", file=sys.stderr)
+        print(f"lookahead: fixed_cost_tokens measured {stats['fixed_cost_tokens']:.1f}, draft_cost_tokens {stats['draft_cost_tokens']:.1f}, "
+              f"drafted tokens cut by the load rule {stats['cut_tokens']}, {stats['propose_s'] * 1e3 / max(1, stats['steps']):.2f} ms "
+              f"per propose call", file=sys.stderr)
     return rows
+
+
+def read_stats(method: str, stats_path: Path) -> dict | None:
+    """Our proposer's counters once its file has caught up (it is rewritten at most once a second); None for other methods."""
+    if method != "lookahead":
+        return None
+    from lookahead.integrations.vllm.stats import STATS_INTERVAL_S  # in this process only: see the plugin's note above
+
+    time.sleep(STATS_INTERVAL_S + 0.5)
+    return json.loads(stats_path.read_text())
 
 
 def main() -> None:
@@ -310,13 +328,17 @@ def main() -> None:
     print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
           f"async scheduling off for: {', '.join(synced) or 'none of them'}")
     print("| concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
-          "| output tokens from drafts | trace | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| output tokens from drafts | our propose ms/step | trace | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["concurrency"]):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
+        propose = f"{r['propose_ms']:.2f}" if r["propose_ms"] is not None else "-"
         print(f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} | {r['draft_tokens']} "
-              f"| {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {'yes' if r['trace'] else 'NO'} | {exact} |")
+              f"| {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {propose} | {'yes' if r['trace'] else 'NO'} | {exact} |")
+    for r in rows:
+        if r["load"]:
+            print(f"lookahead c={r['concurrency']}: {r['load']}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: this module is imported again there, as the plugin too

@@ -15,14 +15,23 @@ import os
 import random
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from lookahead.sizing.cost import StepCostFit
+from lookahead.drafter import LookupDrafter
+from lookahead.request import Request
+from lookahead.sizing.cost import LineCost
+from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes
+from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
+from lookahead.integrations.vllm import kernels
+from lookahead.integrations.vllm.load import DraftStepCost
+from lookahead.integrations.vllm.proposer import LEARN_EVERY
+from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,6 +142,7 @@ def test_memory_serves_a_later_request(identity):
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14])], [[14]])
     runner.step(proposer, [("b", [30, 31], [32])], [[32]])  # "a" finished: filed into memory
+    proposer.flush()  # (filed on the memory's thread, in time for the next step)
     assert len(proposer.memory) > 0
     # "d" writes what "a" wrote: its own tokens never repeat, memory drafts the rest
     assert runner.step(proposer, [("d", [1, 12], [13])], [[13]]) == [[14]]
@@ -151,10 +161,10 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     proposer = new_proposer(row_identity="content")
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
-    drafters = {key: request.state.drafter for key, request in proposer.requests.items()}
+    drafters = dict(proposer.requests)  # request -> its slot (its tokens, index and keep rate)
     # swapped, each with one drafted token accepted
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
-    assert {key: request.state.drafter for key, request in proposer.requests.items()} == drafters  # none rebuilt
+    assert dict(proposer.requests) == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
 
 
@@ -230,9 +240,10 @@ def test_runner_without_request_ids_warns_once(vllm_log):
     assert len(vllm_log) == 1 and "req_ids" in vllm_log[0]
 
 
-def learnt(request) -> tuple[list, list]:
+def learnt(proposer, key) -> tuple[list, list]:
     """What a request's keep rate has counted: kept tokens and failures per anchor length."""
-    return list(request.state.keep_rate.kept), list(request.state.keep_rate.failed)
+    keep = proposer.slots.keep[proposer.requests[key]]
+    return keep[:, 0].tolist(), keep[:, 1].tolist()
 
 
 def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
@@ -240,8 +251,8 @@ def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     assert runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]]) == [[6, 7, 8, 5], [21, 22, 23, 20]]
-    a = proposer.requests["a"]
-    keep_before = learnt(a)
+    a = "a"
+    keep_before = learnt(proposer, a)
     runner.extra_live = ("a",)  # preempted with its draft pending
     runner.step(proposer, [("b", B, [20, 21])], [[21]])  # b's draft: 0 of 4 accepted
     runner.extra_live = ()
@@ -250,7 +261,7 @@ def test_draft_dropped_by_preemption_is_not_counted_as_rejected():
     assert proposer.stats.discarded_drafts == 1
     assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (2, 8)
     assert proposer.stats.accepted_tokens == 0
-    assert learnt(a) == keep_before  # nothing learnt from the dropped draft
+    assert learnt(proposer, a) == keep_before  # nothing learnt from the dropped draft
 
 
 @pytest.mark.parametrize("identity", ["auto", "content"])
@@ -274,15 +285,15 @@ def test_step_run_without_the_proposer_does_not_verify_its_draft():
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     assert runner.step(proposer, [("a", A, [5])], [[5]]) == [[6, 7, 8, 5]]
-    a = proposer.requests["a"]
-    keep_before = learnt(a)
+    a = "a"
+    keep_before = learnt(proposer, a)
     # a step without propose wrote 6 and drafted zeros; this step verified them (none kept) and wrote 7
     runner.drafts = {"a": [0, 0, 0, 0]}
     runner.step(proposer, [("a", A, [5, 6, 7])], [[7]])
     # vLLM's metrics count its zeros as a draft: so do we, apart (vllm_drafts), learning nothing
     assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (1, 4)
     assert (proposer.stats.vllm_drafts, proposer.stats.discarded_drafts, proposer.stats.accepted_tokens) == (1, 1, 0)
-    assert learnt(a) == keep_before
+    assert learnt(proposer, a) == keep_before
 
 
 def test_placeholders_padding_a_resumed_request_count_as_vllm_counts_them():
@@ -292,8 +303,8 @@ def test_placeholders_padding_a_resumed_request_count_as_vllm_counts_them():
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
-    a = proposer.requests["a"]
-    keep_before = learnt(a)
+    a = "a"
+    keep_before = learnt(proposer, a)
     runner.extra_live = ("a",)  # preempted with its draft pending
     runner.step(proposer, [("b", B, [20, 21])], [[21]])
     runner.extra_live = ()
@@ -301,7 +312,7 @@ def test_placeholders_padding_a_resumed_request_count_as_vllm_counts_them():
     runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]])
     assert (proposer.stats.drafts, proposer.stats.draft_tokens) == (runner.drafts_verified, runner.draft_tokens_verified) == (3, 12)
     assert (proposer.stats.vllm_drafts, proposer.stats.discarded_drafts, proposer.stats.accepted_tokens) == (1, 1, 0)
-    assert learnt(a) == keep_before
+    assert learnt(proposer, a) == keep_before
 
 
 def test_draft_cut_to_the_step_budget_counts_the_verified_tokens():
@@ -346,6 +357,141 @@ def test_drafts_never_exceed_num_speculative_tokens():
     assert runner.step(proposer, [("a", A, [5, 6, 7])], [[7]]) == [[8, 5]]
 
 
+class ReferenceProposer:
+    """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and
+    KeepRate; one TokenStore as memory; batch_draft_sizes): what kernels.advance, batch_sizes and commit
+    must reproduce for all rows at once."""
+
+    def __init__(self, k, max_model_len, cost, eos_token_id):
+        self.k, self.max_model_len, self.cost, self.eos = k, max_model_len, cost, eos_token_id
+        self.memory = TokenStore()
+        self.requests, self.sent, self.steps = {}, {}, 0
+
+    def step(self, rows, sampled):
+        for key in [k for k in self.requests if k not in {r for r, _, _ in rows}]:
+            self.memory_later.append(self.requests.pop(key).drafter.index.tokens.copy())
+        chains, keys = [], []
+        for (key, prompt, output), written in zip(rows, sampled):
+            request = self.requests.get(key)
+            if request is None:
+                request = self.requests[key] = Request(LookupDrafter(num_draft_tokens=self.k, memory=self.memory,
+                                                                     eos_token_id=self.eos, cost_aware=False), sized=True)
+                request.start(prompt)
+            n = len(prompt) + len(output)
+            if request.last is not None:
+                sent = self.sent.get(key, [])
+                if n == request.position + len(written) and written:
+                    request.verified(written, checked=len(sent))
+                else:
+                    request.discard()
+            if n > len(request.drafter.index):
+                request.extend((list(prompt) + list(output))[len(request.drafter.index):n])
+            room = min(self.k, self.max_model_len - n)
+            keys.append((key, request, room if written else 0))
+        decode = [(key, request, room) for key, request, room in keys if room > 0]
+        bar = len(decode) / (self.cost.fixed_cost_tokens + len(decode))  # a row below it for every anchor length: not drafted
+        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
+            request.keep_rate.keep_chance(m) for m in range(request.drafter.max_ngram + 1))) > bar]
+        out = {}
+        if drafting:
+            chains = {key: (request, request.propose(room)) for key, request, room in drafting}
+            sizes = batch_draft_sizes([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
+                                      [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode], cost=self.cost)
+            for (key, _, _), size in zip(decode, sizes):
+                if key in chains:
+                    request, chain = chains[key]
+                    if len(chain):
+                        request.commit(chain, size)
+                    out[key] = chain.token_ids[:size].tolist()
+        self.sent = {key: ids for key, ids in out.items() if ids}
+        self.steps += 1
+        for tokens in self.memory_later:
+            self.memory.add(tokens)
+        self.memory_later = []
+        return [out.get(key, []) for key, _, _ in rows]
+
+    memory_later: list = []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_steps_equal_the_request_classes(seed):
+    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense."""
+    rng = random.Random(seed)
+    k, max_model_len = 4, 200
+    cost = LineCost(rng.choice([2.0, 16.0, 4096.0]))
+    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=cost.fixed_cost_tokens))
+    reference = ReferenceProposer(k, max_model_len, cost, eos_token_id=2)
+    reference.memory_later = []
+    runner = FakeRunner(proposer)
+
+    def new_request(i):
+        motif = [rng.randrange(3, 12) for _ in range(rng.randrange(2, 6))]
+        truth = [t if rng.random() > 0.15 else rng.randrange(2, 12) for t in (motif * 40)[: rng.randrange(20, 60)]]
+        cut = rng.randrange(2, 12)
+        return [f"q{i}", truth[:cut], [truth[cut]], truth]
+
+    live = [new_request(i) for i in range(3)]
+    started, drafts = 3, {}
+    for step in range(60):
+        sampled = []
+        for request in live:
+            key, prompt, output, truth = request
+            draft = drafts.get(key, [])
+            if not output or len(prompt) + len(output) >= len(truth):
+                sampled.append(output[-1:])
+                continue
+            written = []
+            for t in draft:
+                if len(prompt) + len(output) + len(written) >= len(truth) - 1 or truth[len(prompt) + len(output) + len(written)] != t:
+                    break
+                written.append(t)
+            written.append(truth[len(prompt) + len(output) + len(written)])
+            output.extend(written)
+            sampled.append(written)
+        rows = [(key, prompt, output) for key, prompt, output, _ in live]
+        out = runner.step(proposer, rows, sampled)
+        assert out == reference.step(rows, sampled), step
+        drafts = {key: ids for (key, _, _), ids in zip(rows, out)}
+        for key, _, _ in rows:
+            slot, request = proposer.requests[key], reference.requests[key]
+            assert proposer.slots.keep[slot, :, 0].tolist() == pytest.approx(request.keep_rate.kept), (step, key)
+            assert proposer.slots.keep[slot, :, 1].tolist() == pytest.approx(request.keep_rate.failed), (step, key)
+        finished = [r for r in live if len(r[1]) + len(r[2]) >= len(r[3])]
+        live = [r for r in live if r not in finished]
+        for _ in finished:  # a finished request's row goes to a new one, or the batch condenses
+            if rng.random() < 0.7:
+                live.insert(rng.randrange(len(live) + 1), new_request(started))
+                started += 1
+        if not live:
+            live, started = [new_request(started)], started + 1
+    assert proposer.stats.drafts > 0 and proposer.stats.finished > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_sizes_kernel_equals_batch_draft_sizes(seed):
+    rng = np.random.default_rng(seed)
+    chances = rng.choice([0.0, 0.2, 0.5, 0.9, 0.999, 1.0], size=12)
+    lengths = rng.integers(0, 9, size=12)
+    sizes = np.zeros(12, dtype=np.int64)
+    for fixed in (1.0, 4.0, 64.0, 4096.0):
+        kernels.batch_sizes(chances, lengths, fixed, sizes)
+        assert sizes.tolist() == batch_draft_sizes(chances, lengths, cost=LineCost(fixed)), fixed
+
+
+def test_two_proposers_fed_the_same_steps_draft_alike():
+    """With a given cost (tensor parallel ranks: docs/vllm.md), drafts are a function of the steps alone."""
+    proposers = [LookupProposer(fake_config(k=4, fixed_cost_tokens=8.0)) for _ in range(2)]
+    runners = [FakeRunner(p) for p in proposers]
+    rows = [("a", A, [5]), ("b", B, [20]), ("c", [9, 10, 11, 9, 10], [11])]
+    sampled = [[5], [20], [11]]
+    for _ in range(12):
+        outs = [runner.step(p, rows, sampled) for runner, p in zip(runners, proposers)]
+        assert outs[0] == outs[1]
+        sampled = [(ids[:1] or [seq[-1]]) for ids, (_, _, seq) in zip(outs[0], rows)]  # the first drafted token kept
+        rows = [(key, prompt, output + written) for (key, prompt, output), written in zip(rows, sampled)]
+    assert {**vars(proposers[0].stats), "propose_s": 0} == {**vars(proposers[1].stats), "propose_s": 0}
+
+
 def test_drafts_end_at_eos_unless_told_otherwise():
     prompt = [5, 6, 2, 7] * 3  # the model's EOS (2) inside a repeated run
     for stop_at_eos, expected in ((True, [[6]]), (False, [[6, 2, 7, 5]])):
@@ -386,7 +532,8 @@ def test_load_rule_follows_measured_acceptance():
     long_draft = len(first)
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
-        chain = proposer.requests["a"].state.last.chain.token_ids.tolist()
+        slot = proposer.requests["a"]
+        chain = proposer.slots.plan_ids[slot, : proposer.slots.plan_len[slot]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
     assert long_draft >= 6 and first == []
@@ -395,7 +542,7 @@ def test_load_rule_follows_measured_acceptance():
 def test_step_costs_measured_between_calls():
     proposer = LookupProposer(fake_config(k=4))
     runner = FakeRunner(proposer)
-    assert isinstance(proposer.cost, StepCostFit) and proposer.cost.samples == 0
+    assert isinstance(proposer.cost, DraftStepCost) and proposer.cost.samples == 0
     output = [5]
     for _ in range(3):  # the same request, one token a step: steps the fit can use
         runner.step(proposer, [("a", A, output)], [[output[-1]]])
@@ -403,7 +550,59 @@ def test_step_costs_measured_between_calls():
     assert proposer.cost.samples == 2
     runner.step(proposer, [("a", A, output), ("b", B, [20])], [[9], [20]])  # "b" joined: its prefill ran in the step
     assert proposer.cost.samples == 2
-    assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, StepCostFit)  # fixed: nothing measured
+    assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
+
+
+@pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])
+def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tokens):
+    """The engine's step times (F + p * tokens, D more when any draft is verified) teach the rule that
+    at 32 rows drafting lowers tokens per second, while at one row it raises them: at 32 rows it sends
+    nothing (but on the steps that measure drafting again), at one row it sends drafts. Told h = 30
+    and nothing of D, it drafts at 32 rows on every step."""
+    rng = random.Random(0)
+    proposer = LookupProposer(fake_config(k=4, max_model_len=4096, max_num_seqs=32, fixed_cost_tokens=fixed_cost_tokens))
+    runner = FakeRunner(proposer)
+    runner.input_batch = FakeBatch(max_rows=32, max_len=4096)
+    now = [0.0]
+    proposer.clock = lambda: now[0]
+    # what each request writes: a period of 4 with one in seven of its tokens replaced by chance
+    truth = {i: [(1000 * (1 + j % 4) + i) if rng.random() > 0.15 else 9000 + rng.randrange(4) for j in range(4000)]
+             for i in range(32)}
+    prompts = {i: [1000 + i, 2000 + i, 3000 + i, 4000 + i] * 3 for i in range(32)}
+    outputs = {i: truth[i][:1] for i in range(32)}
+
+    def steps(rows, count):
+        sent = []
+        drafts = {i: [] for i in rows}
+        for _ in range(count):
+            sampled = []
+            for i in rows:
+                done = len(outputs[i])
+                kept = 0  # greedy verification: the drafted tokens that equal what the model writes, then its own
+                while kept < len(drafts[i]) and drafts[i][kept] == truth[i][done + kept]:
+                    kept += 1
+                written = truth[i][done : done + kept + 1]
+                outputs[i] += written
+                sampled.append(written)
+            out = runner.step(proposer, [(f"r{i}", prompts[i], outputs[i]) for i in rows], sampled)
+            drafts = dict(zip(rows, out))
+            tokens = sum(map(len, out)) + len(rows)
+            now[0] += 0.030 + 0.001 * tokens + 0.025 * any(out)  # the engine's step: F = 30 ms, p = 1 ms, D = 25 ms
+            sent.append(sum(map(len, out)))
+        return sent
+
+    many, one = list(range(32)), [0]
+    for _ in range(3):
+        steps(many, 40)
+        steps(one, 20)
+    high, low = steps(many, 40), steps(one, 10)
+    assert sum(map(bool, low)) >= 9  # one row: drafts pay
+    if fixed_cost_tokens is None:  # learnt: D makes drafting a loss at 32 rows
+        assert proposer.cost.fixed_cost_tokens == pytest.approx(30, rel=0.1)
+        assert proposer.cost.draft_cost_tokens == pytest.approx(25, rel=0.1)
+        assert sum(map(bool, high)) < 40 / 3 and proposer.stats.withheld_steps > 0
+    else:  # told h = 30 and nothing of D: it drafts at 32 rows nearly every step
+        assert sum(map(bool, high)) > 0.9 * 40
 
 
 # -- options -----------------------------------------------------------------------------------
@@ -470,6 +669,63 @@ def test_engine_args_checks_options_before_an_engine_starts(monkeypatch):
         engine_args(max_ngrams=4)
     with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1"):
         engine_args(num_draft_tokens=0)
+
+
+def fake_vllm(monkeypatch, *fields):
+    """A stand-in vllm package whose vllm.config.SpeculativeConfig has `fields`."""
+    import dataclasses
+
+    config = SimpleNamespace(SpeculativeConfig=dataclasses.make_dataclass("SpeculativeConfig", [(f, object, None) for f in fields]))
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(config=config))
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+
+
+def test_engine_args_names_the_proposer_by_the_installed_vllms_key(monkeypatch):
+    fake_vllm(monkeypatch, "model", "method", "num_speculative_tokens")  # 0.32, 0.33
+    assert engine_args()["speculative_config"]["model"] == PROPOSER
+    fake_vllm(monkeypatch, "model", "method", "num_speculative_tokens", "custom_proposer_backend")  # vLLM's main branch
+    spec = engine_args()["speculative_config"]
+    assert spec["custom_proposer_backend"] == PROPOSER and "model" not in spec
+
+
+class MainBranchCustomClassProposer:
+    """vLLM main branch's vllm/v1/spec_decode/custom_class_proposer.py CustomClassProposer, as it drives a
+    user class: built from speculative_config.custom_proposer_backend, load_model passed through, propose
+    called by keyword and any error from it re-raised as a RuntimeError."""
+
+    def __init__(self, vllm_config):
+        backend = vllm_config.speculative_config.custom_proposer_backend
+        module_path, class_name = backend.rsplit(".", 1)
+        user_class = getattr(importlib.import_module(module_path), class_name)
+        self.user_proposer = user_class(vllm_config)
+        self._backend = backend
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        try:
+            return self.user_proposer.propose(sampled_token_ids=sampled_token_ids, num_tokens_no_spec=num_tokens_no_spec,
+                                              token_ids_cpu=token_ids_cpu, slot_mappings=slot_mappings)
+        except Exception as e:
+            raise RuntimeError(f"Custom proposer class '{self._backend}' raised an error in propose(): {e}") from e
+
+    def load_model(self, *args, **kwargs):
+        if hasattr(self.user_proposer, "load_model"):
+            return self.user_proposer.load_model(*args, **kwargs)
+
+
+def test_main_branch_keyword_call_drafts_as_the_positional_call():
+    config = fake_config(cost_aware=False)
+    config.speculative_config.custom_proposer_backend = PROPOSER
+    wrapper = MainBranchCustomClassProposer(config)
+    direct = new_proposer()
+    runners = [FakeRunner(wrapper), FakeRunner(direct)]
+    assert wrapper.user_proposer.runner is runners[0]  # found through the wrapper
+    steps = [([("a", A, [5]), ("b", B, [20])], [[5], [20]]), ([("c", C, [40]), ("b", B, [20, 21, 22, 23])], [[40], [21, 22, 23]]),
+             ([("b", B, [20, 21, 22, 23, 20])], [[20]])]
+    for rows, sampled in steps:
+        assert runners[0].step(wrapper, rows, sampled) == runners[1].step(direct, rows, sampled)
+    assert {**vars(wrapper.user_proposer.stats), "propose_s": 0} == {**vars(direct.stats), "propose_s": 0}
+    with pytest.raises(RuntimeError, match=r"LookupProposer' raised an error in propose\(\): lookahead: propose got 2 rows"):
+        wrapper.propose([[1], [2]], np.array([3], dtype=np.int32), np.zeros((1, 8), dtype=np.int32))
 
 
 # -- with vLLM's engine ------------------------------------------------------------------------
@@ -619,6 +875,7 @@ def ours(model_dir, tmp_path_factory):
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path))
 
     def snapshot():
+        time.sleep(STATS_INTERVAL_S + 0.5)  # the counters file is rewritten at most once a second
         return spec_metrics(llm), json.loads(stats_path.read_text())
 
     try:

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from lookahead.integrations.vllm import engine_args
+from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4
@@ -219,7 +220,8 @@ COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 
 
 def counters(ours) -> dict:
-    """Ours and vLLM's spec-decode counters, cumulative over the server's life."""
+    """Ours and vLLM's spec-decode counters, cumulative over the server's life (after the requests sent so far)."""
+    time.sleep(STATS_INTERVAL_S + 0.5)  # our counters file is rewritten at most once a second
     stats = json.loads(ours.stats_path.read_text()) if ours.stats_path.exists() else {name: 0 for name in COUNTERS}
     metrics = ours.metrics()
     return {"ours": {name: stats[name] for name in COUNTERS},

@@ -1,0 +1,275 @@
+"""The proposer's per-step work over all rows: two numba kernels over buffers kept per request slot.
+
+A request holds a slot `s` for its life in the proposer (rows move, slots do not). Per slot
+(allocated by `SlotBuffers` in the proposer, grown outside the kernels):
+
+    tokens[s]   int32[cap]           # the request's tokens as indexed (a TokenIndex's buffers, kernels.py's layout)
+    prev[s]     int32[cap]
+    table[s]    int32[cap_slots]
+    copied      int64[S]             # tokens copied from the row: tokens[s][:copied[s]]
+    indexed     int64[S]             # of those, indexed (lazily: only when the row drafts)
+    used        int64[S]             # table slots used
+    prompt_len  int64[S]             # the source of the first-occurrence rule (LookupDrafter._fill_trie)
+    doc         int64[S]             # index into `docs` of the request's documents store; -1: none
+    keep        float64[S, M + 1, 2] # per anchor length m: faded (kept tokens, failures), as sizing.KeepRate
+    overall     float64[S, 2]        # faded (kept, failed) over every length, prior (1, 1)
+    plan_len    int64[S]             # the pending chain's length (-1: no plan pending)
+    plan_size, plan_match, plan_pos  # tokens of it sent; its anchor length; the row's length when drafted
+    plan_ids    int32[S, K]          # the pending chain
+    watch_*     [S, W(, K)]          # rests of chains past what was verified, in order of arrival (KeepRate.watched)
+
+`advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
+(the keep rate learns from the tokens the step wrote, the index takes the new tokens, the
+chain is drafted as `LookupDrafter.propose` drafts it, through the same index and trie
+kernels); `size_and_commit` then cuts the chains to the load rule (`batch_draft_sizes`) and
+records the plans. tests/test_vllm.py checks both against the Python classes they follow.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.typed import List
+
+from lookahead.drafter import MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
+from lookahead.index import SEPARATOR
+from lookahead.index.kernels import EMPTY, index_ends
+from lookahead.sizing.keep_rate import KeepRate
+from lookahead.sizing.rules import MAX_CHANCE
+from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
+
+CHAIN_WALK = (8, 4)  # LookupDrafter.chain_walk: occurrences walked (of the suffix, of the suffix less its last token)
+FIRST_REACH = 64  # LookupDrafter.first_reach
+PRIOR_WEIGHT = KeepRate.PRIOR_WEIGHT
+FADE = 0.9  # KeepRate's default fade
+MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this (KeepRate keeps every one)
+# An index tuple as kernels.py lays it out: (tokens, prev, table, n, min_ngram, max_ngram)
+INDEX_TUPLE = types.Tuple((types.int32[::1], types.int32[::1], types.int32[::1], types.int64, types.int64, types.int64))
+
+# advance's per-row status (out_status)
+NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
+
+
+def index_list(arrays=()):
+    """A numba typed List of int32 arrays (one per slot)."""
+    out = List.empty_list(types.int32[::1])
+    for a in arrays:
+        out.append(a)
+    return out
+
+
+def store_list():
+    """A numba typed List of index tuples (INDEX_TUPLE), one per documents store."""
+    return List.empty_list(INDEX_TUPLE)
+
+
+@njit(cache=True, inline="always")
+def _count(keep, overall, s, m, kept, failed):
+    # KeepRate._count: old counts fade only when something is learnt
+    if kept == 0 and not failed:
+        return
+    keep[s, m, 0] = FADE * keep[s, m, 0] + kept
+    keep[s, m, 1] = FADE * keep[s, m, 1] + failed
+    overall[s, 0] = FADE * overall[s, 0] + kept
+    overall[s, 1] = FADE * overall[s, 1] + failed
+
+
+@njit(cache=True, inline="always")
+def keep_chance(keep, overall, s, match_len):
+    """KeepRate.keep_chance of slot s for an anchor of match_len tokens."""
+    m = min(match_len, keep.shape[1] - 1)
+    prior = overall[s, 0] / (overall[s, 0] + overall[s, 1])
+    return (keep[s, m, 0] + PRIOR_WEIGHT * prior) / (keep[s, m, 0] + keep[s, m, 1] + PRIOR_WEIGHT)
+
+
+@njit(cache=True)
+def _settle(keep, overall, watch, watch_ids, s, row, n):
+    # KeepRate.settle against the row's tokens row[:n]; watch[s, i] = (count, match_len, length, position, counted)
+    kept_entries = 0
+    for i in range(watch[s, 0, 0]):
+        m, length, position, counted = watch[s, i, 1], watch[s, i, 2], watch[s, i, 3], watch[s, i, 4]
+        agree = counted
+        while agree < length and position + agree < n and row[position + agree] == watch_ids[s, i, agree]:
+            agree += 1
+        failed = agree < length and position + agree < n
+        _count(keep, overall, s, min(m, keep.shape[1] - 1), agree - counted, failed)
+        if not failed and agree < length:  # still watched: compacted in arrival order
+            if kept_entries != i:
+                watch[s, kept_entries, 1:4] = watch[s, i, 1:4]
+                watch_ids[s, kept_entries, :] = watch_ids[s, i, :]
+            watch[s, kept_entries, 4] = agree
+            kept_entries += 1
+    watch[s, 0, 0] = kept_entries
+
+
+@njit(cache=True)
+def _watch(watch, watch_ids, s, m, ids, start, stop, position):
+    # KeepRate.observe's watched rest ids[start:stop] from `position`; the oldest is dropped when full
+    count = watch[s, 0, 0]
+    if count == watch.shape[1]:
+        for i in range(1, count):
+            watch[s, i - 1, 1:5] = watch[s, i, 1:5]
+            watch_ids[s, i - 1, :] = watch_ids[s, i, :]
+        count -= 1
+    watch[s, count, 1], watch[s, count, 2], watch[s, count, 3], watch[s, count, 4] = m, stop - start, position, 0
+    for j in range(start, stop):
+        watch_ids[s, count, j - start] = ids[j]
+    watch[s, 0, 0] = count + 1
+
+
+@njit(cache=True)
+def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, token_ids,  # per row, and the load's bar
+            tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
+            keep, overall, plan_len, plan_size, plan_match, plan_pos, plan_ids, watch, watch_ids,  # per slot: learning
+            docs, memory, options, trie, ends, scratch,  # shared
+            out_ids, out_len, out_match, out_chance, out_status):  # per row: results
+    """One step over every row: learn from the tokens it wrote, index them, draft its chain.
+
+    Per row r (slot s = rows_slot[r], the row's tokens token_ids[r, :num_tokens[r]], its last
+    num_sampled[r] written this step, of which verified[r] were our draft's tokens vLLM checked):
+    - the pending plan is resolved as Request.verified does: learnt from when the row moved by
+      the step's tokens and vLLM checked it (or we had sent nothing), dropped otherwise
+      (out_status: LEARNT, DISCARDED, NO_PLAN); watched rests settle against the row;
+    - the slot takes the row's new tokens (tokens[s][copied:num_tokens]).
+    Then each row with room[r] > 0 whose keep chance beats `bar` for some anchor length (the load
+    rule's first bar: below it the rule takes no token of the row), or every such row with
+    `force`, has its index take the tokens not yet indexed and drafts the chain of at most
+    room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
+    out_match[r] tokens, each kept with chance out_chance[r]. Returns whether any row drafted.
+    options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
+    extended slot's buffers for its new tokens (SlotBuffers.reserve).
+    """
+    min_ngram, max_ngram, draft_factor, has_memory = options
+    token, parent, weight, child, sibling, _, _ = trie
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        c = num_sampled[r]
+        row = token_ids[r]
+        out_len[r] = 0
+        out_match[r] = 0
+        out_chance[r] = 0.0
+        out_status[r] = NO_PLAN
+        if plan_len[s] >= 0:
+            moved = c > 0 and n == plan_pos[s] + c
+            if moved and not (plan_size[s] > 0 and verified[r] == 0):
+                # KeepRate.observe(match, chain, checked=verified, written=row[n - c:n], position)
+                length = plan_len[s]
+                checked = min(verified[r], c, length)
+                agree = 0
+                while agree < checked and plan_ids[s, agree] == row[n - c + agree]:
+                    agree += 1
+                m = min(plan_match[s], keep.shape[1] - 1)
+                _count(keep, overall, s, m, agree, agree < checked)
+                if agree == checked and agree < length:
+                    _watch(watch, watch_ids, s, plan_match[s], plan_ids[s], agree, length, plan_pos[s] + agree)
+                out_status[r] = LEARNT
+            elif plan_size[s] > 0:
+                out_status[r] = DISCARDED
+            plan_len[s] = -1
+        if watch[s, 0, 0]:
+            _settle(keep, overall, watch, watch_ids, s, row, n)
+        tok = tokens[s]
+        if n > copied[s]:
+            for pos in range(copied[s], n):
+                tok[pos] = row[pos]
+            copied[s] = n
+            last_token[s] = row[n - 1]
+    drafted = False
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        row = token_ids[r]
+        limit = room[r]
+        if limit <= 0 or n < 1:
+            continue
+        if not force:  # a row none of whose anchor lengths beats the bar gets no token from the rule: not drafted
+            pays = False
+            for m in range(keep.shape[1]):
+                if min(keep_chance(keep, overall, s, m), MAX_CHANCE) > bar:
+                    pays = True
+                    break
+            if not pays:
+                continue
+        drafted = True
+        tok, prv, tab = tokens[s], prev[s], table[s]
+        start = indexed[s]
+        if n > start:
+            lo = max(start - 1, 0)
+            if n - 1 > lo:
+                used[s] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+            indexed[s] = n
+        # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
+        token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
+        index = (tok, prv, tab, n, min_ngram, max_ngram)
+        add_suffix_candidates(index, (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
+                                      prompt_len[s], FIRST_REACH, True), trie, 1, ends, scratch)
+        count, match_len, substituted = scratch[0], scratch[1], scratch[2]
+        if match_len < max_ngram - 1:  # else no store's match can outweigh it
+            query = tok[max(0, n - max_ngram) : n]
+            if doc[s] >= 0 and docs[doc[s]][3] > 0:
+                add_longest_match(docs[doc[s]], query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+                count, match_len = scratch[0], max(match_len, scratch[1])
+            if has_memory and memory[3] > 0:
+                add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+                count, match_len = scratch[0], max(match_len, scratch[1])
+        anchored = max(match_len, substituted) if count > 1 else 0
+        length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), out_ids[r])
+        out_len[r] = length
+        out_match[r] = anchored
+        if length:
+            out_chance[r] = keep_chance(keep, overall, s, anchored)
+    return drafted
+
+
+@njit(cache=True)
+def batch_sizes(chances, lengths, fixed_cost_tokens, sizes):
+    """sizing.rules.batch_draft_sizes over arrays: writes sizes[r]; returns the drafted tokens taken.
+
+    Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
+    likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
+    """
+    rows = chances.shape[0]
+    total = 0
+    for r in range(rows):
+        sizes[r] = 0
+        total += lengths[r]
+    if total == 0:
+        return 0
+    gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
+    owner = np.empty(total, dtype=np.int64)
+    t = 0
+    for r in range(rows):
+        a = min(chances[r], MAX_CHANCE)
+        g = 1.0
+        for _ in range(lengths[r]):
+            g *= a
+            gains[t] = g
+            owner[t] = r
+            t += 1
+    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row-major order
+    expected = float(rows)
+    verified = float(rows)
+    taken = 0
+    for i in range(total):
+        gain = gains[order[i]]
+        if gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[owner[order[i]]] += 1
+        expected += gain
+        verified += 1.0
+        taken += 1
+    return taken
+
+
+@njit(cache=True)
+def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, plan_len, plan_size, plan_match, plan_pos, plan_ids):
+    """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent."""
+    for r in range(rows_slot.shape[0]):
+        length = out_len[r]
+        if length == 0:
+            continue
+        s = rows_slot[r]
+        plan_len[s], plan_size[s], plan_match[s], plan_pos[s] = length, sizes[r], out_match[r], num_tokens[r]
+        for j in range(length):
+            plan_ids[s, j] = out_ids[r, j]

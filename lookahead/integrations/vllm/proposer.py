@@ -1,0 +1,623 @@
+"""`LookupProposer`: the proposer vLLM builds (`custom_class`) and calls every step.
+
+vLLM builds the class in each worker as `LookupProposer(vllm_config)`, calls
+`load_model(target_model)` once, and after every step's bookkeeping
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` (0.32,
+0.33: positionally; a later revision's CustomClassProposer by keyword): row i of the
+persistent batch holds `token_ids_cpu[i, :num_tokens_no_spec[i]]` (prompt and output, this
+step's `sampled_token_ids[i]` included); we return one chain per row, `[]` for none. Nothing
+is called when a request finishes, and rows move (condensed, swapped, reused by new
+requests), so state is keyed by request, never by row:
+
+- request identity: the runner's persistent batch (`input_batch.req_ids[row]`,
+  `num_prompt_tokens[row]`), the runner found on `load_model`'s call stack (rows.find_runner);
+  a request has finished once it left `runner.requests` (preempted ones stay there). Where no
+  runner is found (another vLLM version), a row belongs to the request whose tokens it still
+  extends (`_match_rows`), and vLLM's log says so once.
+- acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
+  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
+  without us) is neither counted nor taught to the sizer, and one vLLM made itself (its
+  placeholders, its zeros) is counted, as its metrics count it, and taught nothing (`_verified`).
+- per request: a slot of `SlotBuffers` (its tokens, index, keep rate per anchor length, last
+  plan), walked for all rows at once by kernels.advance, which does what lookahead.request.Request
+  and LookupDrafter do for one. All requests share one bounded TokenStore (memory: each finished
+  request is added to it) and an optional DocumentLibrary.
+- load: drafts are sized for the whole batch (kernels.batch_sizes, sizing's batch_draft_sizes),
+  with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
+  part, and what verifying any draft adds to it); drafts that would not raise tokens per second
+  are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
+  drafted at all: the step costs a copy of its new tokens.
+
+vLLM is not imported here: it builds this class and hands it plain arrays.
+"""
+
+import queue
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from lookahead.documents import DocumentLibrary
+from lookahead.index import TokenIndex, as_id_set
+from lookahead.index.kernels import EMPTY, MAX_NGRAM, rehash
+from lookahead.integrations.vllm import kernels
+from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
+from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
+from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
+from lookahead.sizing.cost import LineCost
+from lookahead.sizing.rules import MAX_CHANCE
+from lookahead.store import TokenStore
+from lookahead.trie import NO_VOCAB_LIMIT
+
+LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
+PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
+_GROWTH = 1.5  # a slot's buffers grow by this factor (TokenIndex's)
+_MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
+_MIN_TOKENS, _MIN_SLOTS = 256, 1024
+
+
+class SlotBuffers:
+    """Per-request state for the kernels, one slot per live request (layout in kernels.py); grown here, never in a kernel.
+
+    Args:
+        slots: slots allocated up front (more are added by doubling).
+        num_draft_tokens: K, the longest chain (plan_ids' width).
+        max_ngram: the index's longest gram (the keep rate's lengths 0..max_ngram).
+    """
+
+    def __init__(self, slots: int, num_draft_tokens: int, min_ngram: int, max_ngram: int):
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.k = num_draft_tokens
+        self.tokens = kernels.index_list()  # (slot,) int32[cap]: numba typed Lists, mirrored in _arrays for Python reads
+        self.prev = kernels.index_list()
+        self.table = kernels.index_list()
+        self._arrays: list = []  # (slot,) [tokens, prev, table]
+        self.capacity = 0
+        self._free: list[int] = []
+        self._grow_slots(slots)
+
+    def _grow_slots(self, slots: int) -> None:
+        old = self.capacity
+        m, k, w = self.max_ngram + 1, self.k, kernels.MAX_WATCHED
+
+        def grown(name, shape, dtype, fill):
+            array = np.full((slots, *shape), fill, dtype=dtype)
+            if old:
+                array[:old] = getattr(self, name)
+            setattr(self, name, array)
+
+        grown("copied", (), np.int64, 0)  # tokens copied from the row: tokens[s][:copied[s]]
+        grown("indexed", (), np.int64, 0)  # of those, indexed
+        grown("used", (), np.int64, 0)
+        grown("prompt_len", (), np.int64, 0)
+        grown("doc", (), np.int64, -1)
+        grown("last_token", (), np.int64, -1)  # tokens[s][copied[s] - 1], for the reused-id check
+        grown("first_token", (), np.int64, -1)
+        grown("keep", (m, 2), np.float64, 0.0)
+        grown("overall", (2,), np.float64, 1.0)
+        grown("plan_len", (), np.int64, -1)
+        grown("plan_size", (), np.int64, 0)
+        grown("plan_match", (), np.int64, 0)
+        grown("plan_pos", (), np.int64, 0)
+        grown("plan_ids", (k,), np.int32, 0)
+        grown("watch", (w, 5), np.int64, 0)
+        grown("watch_ids", (w, k), np.int32, 0)
+        grown("token_capacity", (), np.int64, _MIN_TOKENS)  # tokens[s].shape[0]
+        grown("table_capacity", (), np.int64, _MIN_SLOTS)  # table[s].shape[0]
+        for _ in range(old, slots):
+            arrays = [np.zeros(_MIN_TOKENS, dtype=np.int32), np.zeros(_MIN_TOKENS, dtype=np.int32),
+                      np.full(_MIN_SLOTS, EMPTY, dtype=np.int32)]
+            self._arrays.append(arrays)
+            self.tokens.append(arrays[0])
+            self.prev.append(arrays[1])
+            self.table.append(arrays[2])
+        self._free.extend(range(slots - 1, old - 1, -1))
+        self.capacity = slots
+
+    def allocate(self, prompt_len: int, doc: int, first_token: int) -> int:
+        """A cleared slot for a new request."""
+        if not self._free:
+            self._grow_slots(2 * self.capacity)
+        s = self._free.pop()
+        self.copied[s] = self.indexed[s] = self.used[s] = 0
+        self.prompt_len[s], self.doc[s], self.first_token[s], self.last_token[s] = prompt_len, doc, first_token, -1
+        self.keep[s] = 0.0
+        self.overall[s] = 1.0
+        self.plan_len[s] = -1
+        self.watch[s, 0, 0] = 0
+        self._arrays[s][2].fill(EMPTY)
+        return s
+
+    def free(self, s: int) -> None:
+        self._free.append(s)
+
+    def tokens_of(self, s: int) -> np.ndarray:
+        """The slot's copied tokens (a view)."""
+        return self._arrays[s][0][: self.copied[s]]
+
+    def reserve(self, slots: np.ndarray, num_tokens: np.ndarray, indexing: np.ndarray) -> None:
+        """Grows the buffers of `slots` for rows of num_tokens tokens (and their tables, where `indexing`)."""
+        arrays = self._arrays
+        for r in np.flatnonzero(num_tokens > self.token_capacity[slots]).tolist():
+            s = int(slots[r])
+            capacity = max(int(arrays[s][0].shape[0] * _GROWTH), int(num_tokens[r]) + 1)
+            for i in (0, 1):
+                grown = np.zeros(capacity, dtype=np.int32)
+                grown[: self.copied[s]] = arrays[s][i][: self.copied[s]]
+                arrays[s][i] = grown
+            self.tokens[s], self.prev[s] = arrays[s][0], arrays[s][1]
+            self.token_capacity[s] = capacity
+        if not indexing.any():
+            return
+        grams = self.max_ngram - self.min_ngram + 1
+        rows = np.flatnonzero(indexing)
+        need = self.used[slots[rows]] + np.maximum(num_tokens[rows] - self.indexed[slots[rows]], 0) * grams
+        caps = self.table_capacity[slots[rows]]
+        for i in np.flatnonzero(need > _MAX_LOAD * caps).tolist():
+            s = int(slots[rows[i]])
+            capacity = int(caps[i])
+            while need[i] > _MAX_LOAD * capacity:
+                capacity = int(capacity * _GROWTH)
+            table = np.full(capacity, EMPTY, dtype=np.int32)
+            self.used[s] = rehash(arrays[s][0], arrays[s][2], table)
+            arrays[s][2] = table
+            self.table[s] = table
+            self.table_capacity[s] = capacity
+
+
+class MemoryFiling:
+    """Files finished requests into the shared memory on a thread of its own, while the engine's forward runs.
+
+    `add` queues a step's finished requests after its drafts are made; `wait`, before the next
+    step reads the memory, returns once they are filed. So the memory a step drafts from is
+    always every request finished before the step before it, whatever the threads' timing;
+    indexing a finished request (O(its tokens)) overlaps the model's forward instead of
+    lengthening a step. `seconds`: the thread's time spent filing.
+    """
+
+    def __init__(self, memory: TokenStore):
+        self.memory = memory
+        self.seconds = 0.0
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = None
+
+    def add(self, sequences: list) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lookahead-memory", daemon=True)
+            self._thread.start()
+        for tokens in sequences:
+            self._queue.put(tokens)
+
+    def _run(self) -> None:
+        while True:
+            tokens = self._queue.get()
+            start = time.perf_counter()
+            try:
+                self.memory.add(tokens)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        self._queue.join()
+
+
+class LookupProposer:
+    """A vLLM `custom_class` proposer: our drafter for every running request, sized for the batch.
+
+    Args:
+        vllm_config: vLLM's VllmConfig (read: speculative_config.num_speculative_tokens,
+            model_config.max_model_len and hf_config.eos_token_id, scheduler_config.max_num_seqs,
+            additional_config["lookahead"]).
+    Raises:
+        ValueError, TypeError: bad options (see read_options).
+    """
+
+    def __init__(self, vllm_config):
+        self.num_draft_tokens = k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        self.options = options = read_options(extra.get(OPTION_KEY) if isinstance(extra, dict) else None)
+        min_ngram, max_ngram = options["min_ngram"], options["max_ngram"]
+        self.memory: TokenStore | None = None
+        if options["memory_path"]:
+            self.memory = TokenStore.load(options["memory_path"])
+        elif options["memory"]:
+            self.memory = TokenStore(max_tokens=options["memory_tokens"], min_ngram=min_ngram, max_ngram=max_ngram)
+        self._filing = MemoryFiling(self.memory) if self.memory is not None else None  # None: filed at once
+        self._finished: list = []  # this step's finished requests' tokens, filed after its drafts
+        self.documents = DocumentLibrary.load(options["documents_path"]) if options["documents_path"] else DocumentLibrary()
+        hf_config = getattr(vllm_config.model_config, "hf_config", None)
+        self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
+        fixed = options["fixed_cost_tokens"]
+        # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
+        self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
+        self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load
+        self.runner = None  # vLLM's model runner, when load_model finds it
+        self._warned_content = False  # the content-matching warning is given once
+        max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
+        self.slots = SlotBuffers(2 * max_num_seqs, k, min_ngram, max_ngram)
+        self.requests: dict = {}  # request id (or content key) -> slot
+        self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
+        self._docs = kernels.store_list()  # documents stores the requests consult (INDEX_TUPLE each)
+        self._doc_ids: dict = {}  # id(store) -> its place in _docs
+        self._doc_stores: list = []  # the stores themselves, kept alive
+        # the kernels' shared buffers, allocated once:
+        nodes = 1 + (kernels.CHAIN_WALK[0] + kernels.CHAIN_WALK[1] + 4) * k
+        eos = np.fromiter(sorted(as_id_set(self.eos_token_id)), dtype=np.int64)
+        self._trie = (np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), np.zeros(nodes, np.float64),
+                      np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT)  # (node,) trie.py's layout
+        self._ends = np.zeros(MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) scratch of match_ends
+        self._scratch = np.zeros(3, dtype=np.int64)  # (3,) a trie kernel's results
+        self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
+        self._options = (min_ngram, max_ngram, float(options["draft_factor"]), self.memory is not None)
+        self._rows = 0
+        self._row_buffers(max_num_seqs)
+        self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
+        self._retired = False  # whether a request was retired since _slots_seen
+        self._row_keys: list = []  # content mode: key of each row at the last step
+        self._next_key = 0
+        self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
+        self._last_keys: set = set()  # request keys of the last step's rows
+        self.clock = time.perf_counter  # what step times are measured with
+        self.stats = ProposerStats(accepted_per_pos=[0] * k)
+        self._lock = threading.Lock()  # held by a step and by the counters file's writer
+        self._stats_file = StatsFile(options["stats_path"], self._stats_snapshot, self._lock) if options["stats_path"] else None
+
+    def _row_buffers(self, rows: int) -> None:
+        """The per-row out-buffers of the kernels, for at least `rows` rows."""
+        if rows <= self._rows:
+            return
+        self._rows = rows = max(rows, 2 * self._rows)
+        self._out_ids = np.zeros((rows, self.num_draft_tokens), dtype=np.int64)  # (row, K) the chain drafted
+        self._out_len = np.zeros(rows, dtype=np.int64)  # (row,) its length
+        self._out_match = np.zeros(rows, dtype=np.int64)  # (row,) its anchor's length
+        self._out_chance = np.zeros(rows, dtype=np.float64)  # (row,) its keep chance per token
+        self._out_status = np.zeros(rows, dtype=np.int64)  # (row,) kernels.LEARNT, DISCARDED or NO_PLAN
+        self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
+
+    # -- vLLM's hooks ------------------------------------------------------------------------
+
+    def load_model(self, target_model=None, *args, **kwargs) -> None:
+        """Called once by the model runner: we keep the runner (found on the stack) and compile our kernels."""
+        if self.options["row_identity"] == "auto":
+            self.runner = find_runner(sys._getframe(1))
+            if self.runner is None:
+                self._warn_content_matching(f"no model runner (an object with input_batch and requests) "
+                                            f"within {RUNNER_SEARCH_FRAMES} frames of load_model")
+        self._warm_up()
+
+    def _warn_content_matching(self, reason: str) -> None:
+        """Says once, in vLLM's log, that rows are matched to requests by their tokens."""
+        if not self._warned_content:
+            self._warned_content = True
+            LOGGER.warning("lookahead: %s; rows are matched to requests by content (slower; stats.rows_by_content "
+                           "counts them). Tested with vLLM %s.", reason, TESTED_VLLM)
+
+    def _warm_up(self) -> None:
+        """Compiles our kernels (or loads them from numba's cache) on a throwaway proposer's real steps."""
+        options = dict(self.options, memory=True, memory_path=None, documents_path=None, row_identity="content", stats_path=None)
+        probe = LookupProposer(SimpleNamespace(
+            speculative_config=SimpleNamespace(num_speculative_tokens=self.num_draft_tokens),
+            model_config=SimpleNamespace(max_model_len=self.max_model_len, hf_config=SimpleNamespace(eos_token_id=None)),
+            scheduler_config=SimpleNamespace(max_num_seqs=1), additional_config={OPTION_KEY: options}))
+        probe._warned_content = True
+        probe._filing = None  # filed at once: no thread for the probe
+        probe.memory.add([1, 2, 3, 1, 2])
+        tokens = np.array([[1, 2, 3, 1, 2, 0, 0], [5, 2, 3, 0, 0, 0, 0]], dtype=np.int32)
+        probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
+        tokens[0, 5] = 3
+        probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
+        if not (kernels.advance.signatures and kernels.commit.signatures):
+            raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
+        """One chain per row (`[]`: none), at most num_speculative_tokens long and within max_model_len.
+
+        vLLM 0.32/0.33 call it positionally, a later revision's CustomClassProposer by keyword
+        (sampled_token_ids=, num_tokens_no_spec=, token_ids_cpu=, slot_mappings=); token_ids_cpu
+        may be a numpy array or a CPU tensor.
+        """
+        start = self.clock()
+        if hasattr(token_ids_cpu, "numpy"):  # a CPU tensor: its numpy view
+            token_ids_cpu = token_ids_cpu.numpy()
+        rows = len(sampled_token_ids)
+        if getattr(token_ids_cpu, "ndim", 0) != 2 or token_ids_cpu.shape[0] < rows or len(num_tokens_no_spec) < rows:
+            raise ValueError(f"lookahead: propose got {rows} rows of sampled_token_ids but token_ids_cpu of shape "
+                             f"{getattr(token_ids_cpu, 'shape', None)} and {len(num_tokens_no_spec)} num_tokens_no_spec "
+                             f"(expected (rows or more, max_model_len) and rows or more)")
+        with self._lock:
+            out = self._step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, start)
+            self.stats.propose_s += self.clock() - start
+        if self._stats_file is not None:
+            self._stats_file.changed()
+        return out
+
+    def _step(self, sampled, num_tokens_no_spec, token_ids, start) -> list[list[int]]:
+        num_rows = len(sampled)
+        self._row_buffers(num_rows)
+        num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
+        num_sampled = np.fromiter(map(len, sampled), dtype=np.int64, count=num_rows)  # (row,)
+        keys, prompt_lens = self._batch_keys(num_rows, num_tokens, token_ids)
+        new_keys = {key for key in keys if key not in self.requests}
+        slots = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
+        verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
+        self._measure_step(keys, num_sampled, new_keys, start)
+
+        room = np.minimum(self.num_draft_tokens, self.max_model_len - num_tokens)  # (row,) the most tokens a chain may hold
+        room[num_sampled == 0] = 0  # a prefill chunk, or a step vLLM discarded
+        decode = int(np.count_nonzero(room > 0))
+        s = self.slots
+        s.reserve(slots, num_tokens, room > 0)  # the most the kernel may write
+        # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
+        h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
+        bar = decode / (h + d + decode) if self.options["cost_aware"] and decode else -1.0
+        force = self.stats.steps % LEARN_EVERY == 0
+        memory = self.memory
+        if self._filing is not None:
+            self._filing.wait()  # the requests finished before the last step are in memory
+        if memory is not None:
+            memory._lock.acquire()  # the memory's index is read in the kernel (nothing else writes it meanwhile)
+        try:
+            memory_index = tuple(memory._index.buffers()) if memory is not None else self._no_memory
+            drafting = kernels.advance(slots, num_tokens, num_sampled, verified, room, bar, force, token_ids,
+                            s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
+                            s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
+                            self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
+                            self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
+        finally:
+            if memory is not None:
+                memory._lock.release()
+        self._count_step(num_rows, verified, theirs, num_sampled)
+        self.stats.skipped_steps += decode > 0 and not drafting
+
+        lengths, sizes = self._out_len[:num_rows], self._sizes[:num_rows]
+        if not drafting:
+            sizes[:] = 0
+        elif self.options["cost_aware"]:
+            chances = self._out_chance[:num_rows]
+            rows = np.flatnonzero(room > 0)  # the step's decode rows: each verifies and yields its own token
+            if rows.shape[0] == num_rows:
+                kernels.batch_sizes(chances, lengths, h + d, sizes)  # once a draft is sent, D is paid: the fixed part is h + d
+            else:
+                decode_sizes = np.zeros(rows.shape[0], dtype=np.int64)
+                kernels.batch_sizes(chances[rows], lengths[rows], h + d, decode_sizes)
+                sizes[:] = 0
+                sizes[rows] = decode_sizes
+            if sizes.any():
+                a = np.minimum(chances, MAX_CHANCE)
+                expected = float((a * (1 - a ** sizes) / (1 - a)).sum())  # drafted tokens kept: sum_r a_r + ... + a_r^size_r
+                plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
+                if (plain or not worth_sending(decode, expected, int(sizes.sum()), h, d)
+                        or (self.gate is not None and not self.gate.allows(decode))):
+                    sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
+                    self.stats.withheld_steps += 1
+        else:
+            sizes[:] = lengths
+        out: list[list[int]] = [[] for _ in range(num_rows)]
+        self._sent = {}
+        if drafting:
+            kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
+                           s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
+            sent = np.flatnonzero(sizes)
+            if sent.shape[0]:
+                ids, slot_of, size_of = self._out_ids[:num_rows].tolist(), slots.tolist(), sizes.tolist()
+                for row in sent.tolist():
+                    out[row] = self._sent[slot_of[row]] = ids[row][: size_of[row]]
+            self.stats.cut_tokens += int(lengths.sum() - sizes.sum())
+
+        if self._finished:
+            self._file_finished()
+        self.stats.steps += 1
+        self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
+        self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
+        self.stats.memory_tokens = len(memory) if memory is not None else 0
+        self._last_step = ([keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()],
+                           int(np.count_nonzero(num_sampled > 0)) + int(sizes.sum()), bool(sizes.any()), self.clock())
+        self._last_keys = set(keys)
+        return out
+
+    # -- the load rule -------------------------------------------------------------------------
+
+    def _measure_step(self, keys, num_sampled, new_keys, now) -> None:
+        """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
+
+        Only steps that ran exactly the rows we returned for: no request joined (its prefill ran
+        in the step), left, or sat in a prefill chunk.
+        """
+        last, self._last_step = self._last_step, None
+        if not isinstance(self.cost, DraftStepCost) or last is None or new_keys:
+            return
+        decode_keys, tokens, drafted, returned = last
+        if not num_sampled.all() or keys != decode_keys or now <= returned:
+            return
+        self.cost.observe(tokens, drafted, now - returned)
+        self.gate.observe(len(keys), drafted, float(num_sampled.sum()) / (now - returned))  # the tokens that step wrote
+
+    # -- rows -> requests ----------------------------------------------------------------------
+
+    def _batch_keys(self, num_rows, num_tokens, token_ids):
+        """(request key of each row, prompt lengths or None); retires finished requests."""
+        batch = getattr(self.runner, "input_batch", None)
+        req_ids = getattr(batch, "req_ids", None)
+        if req_ids is not None and len(req_ids) >= num_rows and None not in req_ids[:num_rows]:
+            keys = list(req_ids[:num_rows])
+            gone = self.requests.keys() - getattr(self.runner, "requests", {}).keys()
+            if gone:
+                gone -= set(keys)
+                for key in [k for k in self.requests if k in gone]:  # in arrival order: the memory's order is deterministic
+                    self._retire(key)  # finished (preempted requests stay in runner.requests)
+            return keys, batch.num_prompt_tokens
+        if self.runner is not None:
+            self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
+        return self._match_rows(num_rows, num_tokens, token_ids), None
+
+    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> np.ndarray:
+        """The slot of each row's request, new requests started; a request id reused for other tokens is a new request."""
+        requests = self.requests
+        if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
+            slots = self._slots_seen.copy()
+        else:
+            slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
+        known = np.flatnonzero(slots >= 0)
+        if known.shape[0]:
+            s = self.slots
+            copied = s.copied[slots[known]]
+            last = token_ids[known, np.maximum(copied - 1, 0)]
+            stale = (copied > num_tokens[known]) | ((copied > 0) & ((last != s.last_token[slots[known]])
+                                                                      | (token_ids[known, 0] != s.first_token[slots[known]])))
+            for row in known[stale].tolist():
+                self._retire(keys[row])
+                slots[row] = -1
+        for row in np.flatnonzero(slots < 0).tolist():
+            n = int(num_tokens[row])
+            prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
+            doc = self._doc_of(self.documents.store_for(token_ids[row, :prompt_len], min_ngram=self.slots.min_ngram,
+                                                        max_ngram=self.slots.max_ngram))
+            slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
+            self.stats.requests += 1
+        self._keys_seen, self._slots_seen, self._retired = keys, slots, False
+        return slots
+
+    def _doc_of(self, store) -> int:
+        """The place in _docs of a request's documents store (-1: none)."""
+        if store is None or not len(store):
+            return -1
+        doc = self._doc_ids.get(id(store))
+        if doc is None:
+            doc = self._doc_ids[id(store)] = len(self._doc_stores)
+            self._doc_stores.append(store)
+            self._docs.append(tuple(store._index.buffers()))
+        return doc
+
+    def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: how many tokens of its request's last draft vLLM verified in the step that just
+        ran, and how many of a draft vLLM made itself (which its metrics count as drafts too).
+
+        A draft is verified in the step right after we returned it, which moves its row from
+        `plan_pos` to plan_pos + len(sampled) tokens. Otherwise vLLM verified none of it:
+        - a step ran without calling us: vLLM skips a custom proposer for the whole batch when one
+          row nears max_model_len (and verifies K zero tokens per row instead);
+        - vLLM preempted the request (and dropped its draft; the recomputed prefill then samples
+          one token, as a verified step would), or trimmed the draft to the step's token budget.
+        The persistent batch holds the drafted tokens each row's step verified
+        (input_batch.spec_token_ids, vLLM 0.32/0.33): a prefix of what we sent is ours; anything
+        else is vLLM's own (those zeros, or the K placeholders (-1) that pad the one-token step of
+        a resumed request whose prefix was cached). Without it, a draft counts only if its request
+        ran in the step before (a preempted request sits out at least one step).
+        """
+        num_rows = len(keys)
+        ours, theirs = np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=np.int64)
+        spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
+        by_runner = by_runner and spec is not None and len(spec) >= num_rows
+        sent_of = self._sent
+        if by_runner:
+            rows = [row for row in range(num_rows) if spec[row]]  # the rows whose step verified any drafted token
+        else:
+            rows = [row for row in range(num_rows) if int(slots[row]) in sent_of] if sent_of else []
+        plan_pos = self.slots.plan_pos
+        for row in rows:
+            s = int(slots[row])
+            sent = sent_of.get(s, ())
+            moved = bool(sent) and int(num_tokens[row]) == plan_pos[s] + len(sampled[row])
+            if not by_runner:
+                ours[row] = len(sent) if moved and keys[row] in self._last_keys else 0
+                continue
+            checked = len(spec[row])  # vLLM's list of this step's drafted tokens, read in place
+            if moved and spec[row] == sent[:checked]:
+                ours[row] = checked
+            elif sampled[row]:
+                theirs[row] = checked
+        return ours, theirs
+
+    def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
+        """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
+        status = self._out_status[:num_rows]
+        if not status.any() and not theirs.any():
+            return
+        self.stats.discarded_drafts += int(np.count_nonzero(status == kernels.DISCARDED))
+        ours = (status == kernels.LEARNT) & (verified > 0)
+        for drafted, accepted in ((verified, ours), (theirs, theirs > 0)):
+            rows = np.flatnonzero(accepted)
+            if rows.shape[0]:
+                self._count(drafted[rows], num_sampled[rows] - 1)
+        self.stats.vllm_drafts += int(np.count_nonzero(theirs))
+
+    def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
+        """Without a runner: each row belongs to the request whose copied tokens it still extends."""
+        self.stats.rows_by_content += num_rows
+        previous = self._row_keys + [None] * max(0, num_rows - len(self._row_keys))
+        taken: set = set()
+        keys: list = []
+        for row in range(num_rows):
+            n = int(num_tokens[row])
+            key = next((k for k in [previous[row], *self.requests]  # the row's last holder first
+                        if k is not None and k not in taken and k in self.requests
+                        and self._extends(self.requests[k], token_ids[row], n)), None)
+            if key is None:
+                key, self._next_key = f"row-content-{self._next_key}", self._next_key + 1
+            taken.add(key)
+            keys.append(key)
+        for key in [k for k in self.requests if k not in taken]:
+            self._retire(key)  # finished, or preempted (re-indexed when it returns)
+        self._row_keys = keys
+        return keys
+
+    def _extends(self, slot: int, row: np.ndarray, n: int, window: int = 32) -> bool:
+        """Whether row[:n] extends what `slot` copied (checked on its first and last `window` tokens)."""
+        seen = self.slots.tokens_of(slot)
+        m = seen.shape[0]
+        if m == 0 or m > n:
+            return False
+        head = min(window, m)
+        return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head :], row[m - head : m])
+
+    def _retire(self, key) -> None:
+        """Files a finished request into memory and frees its slot."""
+        s = self.requests.pop(key)
+        self._retired = True
+        self._sent.pop(s, None)
+        if self.memory is not None and self.slots.copied[s]:
+            self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (MemoryFiling)
+        self.slots.free(s)
+        self.stats.finished += 1
+
+    # -- counters ------------------------------------------------------------------------------
+
+    def _count(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        s = self.stats
+        s.drafts += int(drafted.shape[0])
+        s.draft_tokens += int(drafted.sum())
+        s.accepted_tokens += int(accepted.sum())
+        per_pos = np.bincount(np.minimum(accepted, len(s.accepted_per_pos)), minlength=len(s.accepted_per_pos) + 1)
+        reached = np.cumsum(per_pos[::-1])[::-1]  # reached[p]: drafts with more than p tokens accepted, at [p + 1]
+        for pos in range(len(s.accepted_per_pos)):
+            s.accepted_per_pos[pos] += int(reached[pos + 1])
+
+    def _file_finished(self) -> None:
+        """Hands this step's finished requests to the memory (its thread, or at once)."""
+        if self._filing is not None:
+            self._filing.add(self._finished)
+        else:
+            for tokens in self._finished:
+                self.memory.add(tokens)
+        self._finished = []
+
+    def flush(self) -> None:
+        """Waits until every finished request is in memory (a step does so itself before reading it)."""
+        with self._lock:
+            if self._finished:
+                self._file_finished()
+        if self._filing is not None:
+            self._filing.wait()
+
+    def _stats_snapshot(self) -> dict:
+        return stats_dict(self.stats, self.runner)
+
+    def write_stats(self) -> None:
+        """Writes the counters as JSON to options["stats_path"] now (atomically: a reader never sees half a file)."""
+        if self._stats_file is not None:
+            self._stats_file.write()
