@@ -157,6 +157,40 @@ class RankChances:
         return (self.counts[:-1] + self.PRIOR_WEIGHT * self.prior) / (seen + self.PRIOR_WEIGHT)
 
 
+class LeadChances:
+    """A request's estimate, per anchor match length m, of the chance that lookup's heaviest first token
+    is the model's next token: faded counts (FADE per observation) plus PRIOR_WEIGHT pseudo-counts of PRIOR.
+
+    It puts lookup's candidates and the table's paths on one scale: lookup's heaviest first
+    token stands for this chance, the table's paths for their probabilities (RankChances).
+    """
+
+    PRIOR_WEIGHT = 2.0
+    PRIOR = 0.5
+    FADE = 0.95
+
+    def __init__(self, max_ngram: int):
+        self.hits = [0.0] * (max_ngram + 1)  # per match length: faded count of first tokens kept
+        self.seen = [0.0] * (max_ngram + 1)  # and of first tokens drafted
+        self.pending: tuple[int, int] | None = None  # (match length, token) of the draft being verified
+
+    def chance(self, match_len: int) -> float:
+        m = min(match_len, len(self.hits) - 1)
+        return (self.hits[m] + self.PRIOR_WEIGHT * self.PRIOR) / (self.seen[m] + self.PRIOR_WEIGHT)
+
+    def drafted(self, match_len: int, token: int) -> None:
+        """Lookup's heaviest first token this step, anchored on match_len tokens."""
+        self.pending = (min(match_len, len(self.hits) - 1), token)
+
+    def written(self, token: int) -> None:
+        """The model's next token: counts the pending first token kept or not."""
+        if self.pending is not None:
+            m, drafted = self.pending
+            self.hits[m] = self.FADE * self.hits[m] + (drafted == token)
+            self.seen[m] = self.FADE * self.seen[m] + 1.0
+            self.pending = None
+
+
 def warm_up() -> int:
     """Compiles the kernels on a small real input; returns the count of ranked tokens (2 when both ran)."""
     table = PredictionTable(k=2)

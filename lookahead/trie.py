@@ -326,18 +326,6 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
 
 
 @njit(cache=True)
-def children_weight(trie, node):
-    """The summed weight of node's children."""
-    _, _, weight, child, sibling, _, _ = trie
-    total = 0.0
-    c = child[node]
-    while c != EMPTY:
-        total += weight[c]
-        c = sibling[c]
-    return total
-
-
-@njit(cache=True)
 def heaviest_path(trie, max_len, out_nodes):
     """Follows the heaviest child from the root (ties: the earliest created); writes its nodes. Returns the length."""
     _, _, weight, child, sibling, _, _ = trie
@@ -478,9 +466,10 @@ class DraftTrie:
         """The tokens of `nodes` (int64, a copy)."""
         return self._token[nodes]
 
-    def root_weight(self) -> float:
-        """The summed weight of the root's children: of every candidate added."""
-        return float(children_weight(self._arrays, 0))
+    def heaviest_first(self) -> tuple[int, float]:
+        """(token, weight) of the root's heaviest child: the draft's first token; (-1, 0.0) in an empty trie."""
+        nodes = self.path_nodes(1)
+        return (int(self._token[nodes[0]]), float(self._weight[nodes[0]])) if nodes.shape[0] else (-1, 0.0)
 
     def path_nodes(self, max_len: int) -> np.ndarray:
         """The nodes of the heaviest root path, at most max_len (int64; node i was the i-th created, the root 0)."""
@@ -540,5 +529,5 @@ def warm_up() -> int:
     trie.add_longest_match(buffers, np.array([4, 5]), 2, match_base=2.0)
     trie.path(2)
     table = np.array([[1, 2], [2, -1], [0, 1]], dtype=np.int32)  # a prediction table's ids
-    trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=trie.root_weight())
+    trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=2.0)
     return trie.tree(4)[0].shape[0]

@@ -15,8 +15,7 @@ from tests.test_trie import node_weights
 def test_warm_up_compiles_every_kernel():
     assert predictions_module.warm_up() == 2
     assert trie_module.warm_up() == 4
-    for kernel in (predictions_module.record_rows, predictions_module.rank_counts, trie_module.add_predictions,
-                   trie_module.children_weight):
+    for kernel in (predictions_module.record_rows, predictions_module.rank_counts, trie_module.add_predictions):
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
 
 
@@ -186,3 +185,70 @@ def test_siblings_share_the_table_and_a_table_can_be_shared():
     assert parent.sibling().predictions is table and parent.predictions is table
     with pytest.raises(TypeError, match="predictions must be"):
         LookupDrafter(predictions="yes")
+
+
+class RecordingTable(PredictionTable):
+    """A PredictionTable that keeps every (inputs, predicted) the loop records."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def record(self, inputs, predicted):
+        self.calls.append((list(inputs), np.asarray(predicted).copy()))
+        super().record(inputs, predicted)
+
+
+def assert_top_k_of_the_block(model, prompt, output, calls):
+    """Each step recorded a chain block [last own token, draft...]: its entries' top-k equal a fresh
+    forward's over the row's sequence before the block and the block's entries."""
+    import torch
+
+    sequence = prompt + output
+    position = len(prompt) - 1  # the first step's entries start at the prompt's last token
+    for inputs, predicted in calls:
+        assert sequence[position] == inputs[0]
+        with torch.no_grad():
+            logits = model(torch.tensor([sequence[:position] + inputs])).logits[0, position:].float()
+        top = logits.topk(predicted.shape[1]).values
+        assert torch.allclose(torch.gather(logits, 1, torch.from_numpy(predicted).long()), top, atol=1e-4)
+        kept = 0
+        while kept + 1 < len(inputs) and position + kept + 1 < len(sequence) and inputs[kept + 1] == sequence[position + kept + 1]:
+            kept += 1
+        position += kept + 1  # the kept drafts and the model's own token
+
+
+def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included():
+    import torch
+
+    from lookahead import generate
+    from tests.models import stories_model
+
+    model = stories_model()
+    table = RecordingTable()
+    drafter = LookupDrafter(num_draft_tokens=6, cost_aware=False, predictions=table)
+    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:20].tolist()
+    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
+    output = out[0, len(prompt):].tolist()
+    assert output == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
+    assert len(table.calls) == drafter.stats.steps
+    assert any(len(inputs) > kept + 1 for (inputs, _), kept in zip(table.calls, drafter.stats.accepted_per_step))  # rejected entries
+    assert_top_k_of_the_block(model, prompt, output, table.calls)  # the first step's from the prompt's last token on
+
+
+def test_nothing_is_computed_for_the_table_when_predictions_are_off(monkeypatch):
+    import torch
+
+    from lookahead import generate
+    from lookahead.integrations import generate as generate_module
+    from tests.models import stories_model
+
+    def refuse(*args):
+        raise AssertionError("top_ids called with predictions=False")
+
+    monkeypatch.setattr(generate_module, "top_ids", refuse)
+    model = stories_model()
+    drafter = LookupDrafter(predictions=False, cost_aware=False)
+    generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=drafter, max_new_tokens=8, do_sample=False)
+    with pytest.raises(AssertionError, match="top_ids called"):
+        generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), max_new_tokens=8, do_sample=False)
