@@ -160,11 +160,15 @@ def test_predictions_false_or_lookup_alone():
     assert table_alone.propose(4).token_ids.tolist() == [6, 8, 3]
 
 
-def test_lookup_leads_where_it_matches_long():
-    drafter = learnt_drafter()
-    drafter.extend([0, 5, 3, 3, 3, 0, 5])  # [0, 5] occurred, followed by 3: a 2-token match, one candidate
-    assert drafter.propose(3).token_ids.tolist()[:1] == [3]
-    assert drafter.propose(3).match_len == 2
+def test_lookup_leads_where_its_first_tokens_have_held_and_the_table_where_they_have_not():
+    for held, first in ((True, 3), (False, 6)):
+        drafter = learnt_drafter()
+        drafter.extend([0, 5, 3, 3, 3, 0, 5])  # [0, 5] occurred, followed by 3: a 2-token match; the table says 6 after 5
+        for _ in range(10):  # what lookup's first tokens at this match length did before
+            drafter.lead_chances.drafted(2, 3)
+            drafter.lead_chances.written(3 if held else 4)
+        chain = drafter.propose(3)
+        assert chain.token_ids.tolist()[0] == first and chain.match_len == (2 if held else 0)
 
 
 def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_step():
