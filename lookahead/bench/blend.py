@@ -10,6 +10,8 @@ greedy, which tests/ check). `--time-blend` adds wall-clock milliseconds per new
 default drafter (sized, tree=None) with and without the table, greedy, per --dtype.
 """
 
+import json
+import sys
 import time
 
 import torch
@@ -139,9 +141,10 @@ def run_blend_bench(args) -> int:
         texts = STORY_OPENINGS[: args.requests]
     prompts = prompt_ids(tokenizer, texts)
     report = dict(model=args.model, requests=len(prompts), max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d %H:%M"))
-    dtypes = parse_dtypes(args.dtype or "float32", "cpu")
+    dtypes = parse_dtypes(args.dtype or "float32", device="cpu", traces=False)
     model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).eval()
-    report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens)
+    report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens,
+                                 progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     if args.time_blend:
         report["tpot"] = []
         for dtype in dtypes:
