@@ -11,6 +11,7 @@ from lookahead.draft import Draft, DraftStats
 from lookahead.drafter import LookupDrafter
 from lookahead.errors import DrafterInUseError, StoreFileError, UnsupportedGenerationError
 from lookahead.index import TokenIndex
+from lookahead.predictions import PredictionTable
 from lookahead.store import TokenStore
 
 __version__ = "0.2.0"
@@ -22,6 +23,7 @@ __all__ = [
     "DraftStats",
     "DrafterInUseError",
     "LookupDrafter",
+    "PredictionTable",
     "StoreFileError",
     "TokenIndex",
     "TokenStore",

@@ -10,6 +10,7 @@ from lookahead.documents import DocumentLibrary
 from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
+from lookahead.predictions import LeadChances, PredictionTable, RankChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
@@ -25,6 +26,17 @@ STORE_SCALE = 0.5  # a store's match counts as one token shorter than the reques
 SUBSTITUTION_SCALE = 0.25  # a substitution counts as two tokens shorter
 SKIP_SCALE = 1.0  # the model skipped a source token: counts as a match of the tokens before it
 TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
+# The model's own predictions (PredictionTable): a path of the table's best-first expansion from the
+# last token weighs PREDICTION_SCALE * its probability (RankChances) * w / c, where lookup's heaviest
+# first token weighs w and is the model's next token with chance c (LeadChances, per match length):
+# both sources on one scale of probability, so the table leads where lookup's candidates are short,
+# disagree or are absent (weight 1 then), and a long match that keeps holding leads with its chain.
+# Measured through lookahead.generate on stories260K (10 openings x 400 tokens, unsized trees, 2026-12-02):
+# 0.5 / 1 / 2 gave tau 2.90 / 2.99 / 3.09 greedy with a fresh drafter per request; 1 / 2: 1.88 / 1.94 sampled
+# at 0.8, 5.41 / 5.38 greedy with one drafter kept.
+PREDICTION_SCALE = 2.0
+PREDICTION_CHAIN_NODES = 16  # the table's paths a chain's candidates take
+PREDICTION_TREE_NODES = 64  # and a tree's
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
@@ -102,6 +114,13 @@ class LookupDrafter:
             calibrated once per model, device and dtype, then learnt from the loop's own
             steps; a keep rate learnt per request; with low acceptance, nothing). False:
             every draft is verified whole.
+        predictions: draft from the model's own predictions too: `lookahead.generate` records
+            the model's top-k next tokens at every position each step verifies (rejected
+            draft nodes included) into a PredictionTable, and drafts merge the table's likeliest
+            continuations of the last token with lookup's (see PREDICTION_SCALE). True (default)
+            for a private table, a PredictionTable to share one between drafters (and threads)
+            of one model, False for none (lookup alone). transformers' `assistant_model=` loop
+            and vLLM give a drafter no logits: there the table stays as it is (empty, unless shared).
 
     Example:
         >>> drafter = LookupDrafter(num_draft_tokens=3)
@@ -122,6 +141,7 @@ class LookupDrafter:
         eos_token_id: int | list[int] | None = None,
         vocab_size: int | None = None,
         cost_aware: bool = True,
+        predictions: PredictionTable | bool = True,
     ):
         if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be a positive int, got {num_draft_tokens!r}")
@@ -135,6 +155,12 @@ class LookupDrafter:
             raise TypeError(f"memory must be a lookahead.TokenStore or a bool, got {type(memory).__name__}")
         if documents is not None and not isinstance(documents, DocumentLibrary):
             raise TypeError(f"documents must be a lookahead.DocumentLibrary, got {type(documents).__name__}")
+        if predictions is True:
+            predictions = PredictionTable()
+        elif predictions is False:
+            predictions = None
+        if predictions is not None and not isinstance(predictions, PredictionTable):
+            raise TypeError(f"predictions must be a lookahead.PredictionTable or a bool, got {type(predictions).__name__}")
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
         self.cost_aware = bool(cost_aware)
@@ -149,7 +175,12 @@ class LookupDrafter:
         self.memory = memory
         self.documents = documents if documents is not None else DocumentLibrary()
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
+        self.predictions = predictions
+        self.lookup = True  # False: draft from the prediction table alone (a measurement's baseline)
+        self.rank_chances = RankChances(predictions.k) if predictions is not None else None  # learnt per request (reset)
+        self.lead_chances = LeadChances(max_ngram)  # learnt per request (reset)
         self._trie = DraftTrie()  # rebuilt by every propose
+        self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
         self._tree_match_len: int | None = None  # the trie holds a tree's candidates (grow_tree), anchored this long
         self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
@@ -187,15 +218,16 @@ class LookupDrafter:
         Example:
             >>> parent = LookupDrafter(num_draft_tokens=3)
             >>> row = parent.sibling()
-            >>> row.memory is parent.memory and row.documents is parent.documents and row.num_draft_tokens == 3
+            >>> row.memory is parent.memory and row.documents is parent.documents and row.predictions is parent.predictions
             True
         """
         child = LookupDrafter(
             num_draft_tokens=self.num_draft_tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
             draft_factor=self.draft_factor, memory=self.memory if self.memory is not None else False,
             documents=self.documents, eos_token_id=sorted(self.eos_option), vocab_size=self.vocab_size, cost_aware=self.cost_aware,
+            predictions=self.predictions if self.predictions is not None else False,
         )
-        child.chain_walk, child.tree_walk, child.first_reach = self.chain_walk, self.tree_walk, self.first_reach
+        child.chain_walk, child.tree_walk, child.first_reach, child.lookup = self.chain_walk, self.tree_walk, self.first_reach, self.lookup
         child.eos_token_ids = self.eos_token_ids
         return child
 
@@ -260,12 +292,30 @@ class LookupDrafter:
             self._prompt_len = len(self.index)
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
             self.stats = DraftStats()
+            if self.predictions is not None:
+                self.rank_chances = RankChances(self.predictions.k)
+                self.lead_chances = LeadChances(self.max_ngram)
 
     def extend(self, token_ids) -> None:
-        """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's)."""
+        """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's).
+
+        With predictions, each token counts at the rank the table's row for the token before it
+        held it (before the step that wrote them records its own predictions: record_predictions).
+        """
         self._check_thread()
         self._tree_match_len = None
+        start = len(self.index)
         self.index.extend(token_ids)
+        if self.predictions is not None and start:
+            self.rank_chances.observe(self.predictions, self.index.tokens, start)
+            if len(self.index) > start:
+                self.lead_chances.written(int(self.index.tokens[start]))
+
+    def record_predictions(self, inputs, predicted) -> None:
+        """The model's likeliest next tokens after each of `inputs` (block entries of a verified step):
+        (n,) ids and (n, k) ids, likeliest first. Call after `extend` with the step's tokens."""
+        if self.predictions is not None:
+            self.predictions.record(inputs, predicted)
 
     def _check_thread(self) -> None:
         owner = self._owner
@@ -295,11 +345,16 @@ class LookupDrafter:
         limit = self._limit(num_draft_tokens)
         if limit == 0:
             return EMPTY_DRAFT
-        match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged)
+        match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged,
+                                    predicted=PREDICTION_TREE_NODES if hedged else PREDICTION_CHAIN_NODES)
         if hedged:
             self._tree_match_len = match_len
-        token_ids = self._trie.path(min(limit, math.ceil(self.draft_factor * match_len)))
-        return Draft.chain(token_ids, match_len) if token_ids.shape[0] else EMPTY_DRAFT
+        nodes = self._trie.path_nodes(limit)
+        if nodes.shape[0] and nodes[0] >= self._lookup_nodes:  # the table leads: anchored on no match
+            match_len = 0
+        else:
+            nodes = nodes[: math.ceil(self.draft_factor * match_len)]
+        return Draft.chain(self._trie.path_tokens(nodes), match_len) if nodes.shape[0] else EMPTY_DRAFT
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
         """Drafts a tree of at most `max_tree_nodes` nodes, branches up to `num_draft_tokens` deep.
@@ -314,7 +369,7 @@ class LookupDrafter:
         limit = self._limit(num_draft_tokens)
         if limit == 0 or max_tree_nodes < 1:
             return EMPTY_DRAFT
-        self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False)
+        self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False, predicted=PREDICTION_TREE_NODES)
         return self.grow_tree(max_tree_nodes)
 
     def grow_tree(self, max_tree_nodes: int) -> Draft:
@@ -332,8 +387,8 @@ class LookupDrafter:
         token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY)
         return Draft(token_ids, parents, self._tree_match_len) if token_ids.shape[0] else EMPTY_DRAFT
 
-    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool) -> int:
-        """Rebuilds the candidate trie; returns the longest match_len anchoring a candidate (0: none).
+    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool, predicted: int) -> int:
+        """Rebuilds the candidate trie; returns the longest match_len anchoring a lookup candidate (0: none).
 
         Candidates are what followed, up to `num_draft_tokens` tokens:
         - where the longest match occurs only in the prompt (the model is copying it),
@@ -353,24 +408,40 @@ class LookupDrafter:
           word). Weighted SUBSTITUTION_SCALE as much; where the last token is the one
           after that, the model skipped a token (a line break of reflowed text): continued
           after it, weighted SKIP_SCALE as much;
-        - the stores' longest matches (documents, then memory), weighted STORE_SCALE as much.
+        - the stores' longest matches (documents, then memory), weighted STORE_SCALE as much;
+        - with predictions, the `predicted` likeliest paths of the table from the last token
+          (trie.add_predictions), each weighing PREDICTION_SCALE * its probability under the
+          request's rank chances, on lookup's scale (w / c: lookup's heaviest first token's
+          weight over its keep chance at this match length; 1 without lookup candidates).
         Ties between equal weights go to the earlier added: the prompt's first occurrence,
-        then the most recent.
+        then the most recent, then the table.
         """
         trie = self._trie
         trie.clear()
-        match_len, substituted = trie.add_suffix_candidates(
-            self.index.buffers(), num_draft_tokens, walk=walk, substitution_walk=substitution_walk,
-            match_base=MATCH_BASE, substitution_scale=SUBSTITUTION_SCALE, skip_scale=SKIP_SCALE,
-            source_len=self._prompt_len, first_reach=self.first_reach, first_only=first_only,
-        )
-        if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
-            recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
-            for store in (self._document_store, self.memory):
-                if store is not None and len(store):
-                    store_len = store.add_continuation(trie, recent, num_draft_tokens, match_base=MATCH_BASE, scale=STORE_SCALE)
-                    match_len = max(match_len, store_len)
-        return max(match_len, substituted) if len(trie) else 0
+        match_len = substituted = 0
+        if self.lookup:
+            match_len, substituted = trie.add_suffix_candidates(
+                self.index.buffers(), num_draft_tokens, walk=walk, substitution_walk=substitution_walk,
+                match_base=MATCH_BASE, substitution_scale=SUBSTITUTION_SCALE, skip_scale=SKIP_SCALE,
+                source_len=self._prompt_len, first_reach=self.first_reach, first_only=first_only,
+            )
+            if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
+                recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
+                for store in (self._document_store, self.memory):
+                    if store is not None and len(store):
+                        store_len = store.add_continuation(trie, recent, num_draft_tokens, match_base=MATCH_BASE, scale=STORE_SCALE)
+                        match_len = max(match_len, store_len)
+        looked_up = max(match_len, substituted) if len(trie) else 0
+        self._lookup_nodes = len(trie) + 1
+        if self.predictions is not None and len(self.index):
+            scale = PREDICTION_SCALE
+            if len(trie):  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
+                token, w = trie.heaviest_first()
+                scale *= w / self.lead_chances.chance(looked_up)
+                self.lead_chances.drafted(looked_up, token)
+            trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(), budget=predicted,
+                                 max_depth=num_draft_tokens, scale=scale)
+        return looked_up
 
     def _limit(self, num_draft_tokens: int | None) -> int:
         return max(0, self.num_draft_tokens if num_draft_tokens is None else min(num_draft_tokens, self.num_draft_tokens))

@@ -83,10 +83,11 @@ class Request:
             return self.commit(chain, size)
         return self.commit(chain, size, drafter.grow_tree(tree_nodes(size, max_tree_nodes, cost)))
 
-    def verified(self, written, accepted: int | None = None, checked: int | None = None) -> None:
+    def verified(self, written, accepted: int | None = None, checked: int | None = None, predicted=None) -> None:
         """After the step: the model wrote `written` (its kept drafted tokens, then its own; cut where
         generation stopped). `accepted`: the drafted tokens it kept, if not len(written) - 1;
-        `checked`: the chain tokens the step verified, if not the plan's size (a server may trim a draft)."""
+        `checked`: the chain tokens the step verified, if not the plan's size (a server may trim a draft);
+        `predicted`: (block entries, the model's top-k ids after each) for the drafter's prediction table."""
         plan, written = self.last, written.tolist() if hasattr(written, "tolist") else list(written)
         if plan is not None:
             kept = len(written) - 1 if accepted is None else accepted
@@ -96,6 +97,8 @@ class Request:
                 self.keep_rate.observe(plan.chain.match_len, plan.chain.token_ids.tolist(), size, written, self.position)
         self.last = None
         self.extend(written)
+        if predicted is not None:
+            self.drafter.record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
 
     def discard(self) -> None:
         """The last plan was not verified (a server dropped it): nothing is learnt from it."""

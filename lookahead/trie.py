@@ -35,32 +35,48 @@ NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
 
 
 @njit(cache=True, inline="always")
+def _takes(trie, t):
+    # Whether a path may run into token t: not an eos id, below vocab_limit (the model cannot take the rest).
+    eos, limit = trie[5], trie[6]
+    if t < 0 or t >= limit:
+        return False
+    for e in range(eos.shape[0]):
+        if eos[e] == t:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _child(trie, node, t, count):
+    # The child of `node` holding token t, created (appended after its siblings) if missing; returns (child, new count).
+    token, parent, weight, child, sibling = trie[0], trie[1], trie[2], trie[3], trie[4]
+    c = child[node]
+    last = EMPTY  # the last sibling seen: a new child is appended after it
+    while c != EMPTY and token[c] != t:
+        last = c
+        c = sibling[c]
+    if c == EMPTY:
+        c = count
+        count += 1
+        token[c], parent[c], weight[c], child[c], sibling[c] = t, node, 0.0, EMPTY, EMPTY
+        if last == EMPTY:
+            child[node] = c
+        else:
+            sibling[last] = c
+    return c, count
+
+
+@njit(cache=True, inline="always")
 def _add_path(source, start, stop, w, trie, count):
     # Adds source[start:stop], cut before any token in eos or >= vocab_limit, with weight w; returns the new count.
-    token, parent, weight, child, sibling, eos, limit = trie
+    weight = trie[2]
     node = 0
     for pos in range(start, stop):
         t = source[pos]
-        if t >= limit:  # out of the model's vocabulary: the model cannot take it
+        if not _takes(trie, t):
             return count
-        for e in range(eos.shape[0]):
-            if eos[e] == t:
-                return count
-        c = child[node]
-        last = EMPTY  # the last sibling seen: a new child is appended after it
-        while c != EMPTY and token[c] != t:
-            last = c
-            c = sibling[c]
-        if c == EMPTY:
-            c = count
-            count += 1
-            token[c], parent[c], weight[c], child[c], sibling[c] = t, node, 0.0, EMPTY, EMPTY
-            if last == EMPTY:
-                child[node] = c
-            else:
-                sibling[last] = c
-        weight[c] += w
-        node = c
+        node, count = _child(trie, node, t, count)
+        weight[node] += w
     return count
 
 
@@ -206,6 +222,85 @@ def add_longest_match(index, query, options, trie, count, ends, out):
     out[0], out[1] = count, match_len
 
 
+@njit(cache=True, inline="always")
+def _heap_before(score, seq, i, j):
+    # Heap order: the higher score first, ties to the earlier pushed.
+    return score[i] > score[j] or (score[i] == score[j] and seq[i] < seq[j])
+
+
+@njit(cache=True, inline="always")
+def _heap_swap(heap, i, j):
+    score, node, token, depth, seq = heap
+    score[i], score[j] = score[j], score[i]
+    node[i], node[j] = node[j], node[i]
+    token[i], token[j] = token[j], token[i]
+    depth[i], depth[j] = depth[j], depth[i]
+    seq[i], seq[j] = seq[j], seq[i]
+
+
+@njit(cache=True)
+def add_predictions(ids, root_token, chances, options, trie, count, heap):
+    """Adds the `budget` likeliest paths of the prediction table from the root, best first; returns the new count.
+
+    ids: (rows, k) int32, ids[t, r] the model's (r+1)-th likeliest token after t (-1: none;
+    predictions.PredictionTable). A path t1 t2 ... below the root (whose token is root_token)
+    has probability prod_d chances[rank of t_d in the row of t_(d-1)] (chances: (k,) the rank
+    keep chances, predictions.RankChances). The `budget` likeliest paths of at most max_depth
+    tokens (a path's prefixes are likelier than it, so they come first) each add
+    scale * probability to their last node, found or created: where the table agrees with a
+    candidate already in the trie, their weights add. A node's added weight is at least its
+    children's, so weights still only shrink along a path. Paths stop before any eos id or
+    id >= vocab_limit (its descendants are not expanded).
+    options = (budget, max_depth, scale). heap: (score float64, parent node, token, depth, seq)
+    arrays of at least budget * k + k entries. Cost: O(budget * k * log(budget * k) + budget * branching).
+    """
+    budget, max_depth, scale = options
+    weight = trie[2]
+    score, node_of, token_of, depth_of, seq_of = heap
+    rows, k = ids.shape
+    size = 0
+    pushed = 0
+    node, depth, p = 0, 0, 1.0  # the entry being expanded: the root first
+    t = root_token
+    added = 0
+    while True:
+        if 0 <= t < rows and depth < max_depth:  # push node's children, one per rank
+            for r in range(k):
+                child_token = ids[t, r]
+                if child_token < 0 or chances[r] <= 0.0:
+                    continue
+                i = size
+                score[i], node_of[i], token_of[i], depth_of[i], seq_of[i] = p * chances[r], node, child_token, depth + 1, pushed
+                size += 1
+                pushed += 1
+                while i > 0 and _heap_before(score, seq_of, i, (i - 1) // 2):  # sift up
+                    _heap_swap(heap, i, (i - 1) // 2)
+                    i = (i - 1) // 2
+        if size == 0 or added >= budget:
+            return count
+        p, parent, t, depth = score[0], node_of[0], token_of[0], depth_of[0]  # pop the likeliest
+        size -= 1
+        if size > 0:
+            _heap_swap(heap, 0, size)
+            i = 0
+            while True:  # sift down
+                best, left = i, 2 * i + 1
+                if left < size and _heap_before(score, seq_of, left, best):
+                    best = left
+                if left + 1 < size and _heap_before(score, seq_of, left + 1, best):
+                    best = left + 1
+                if best == i:
+                    break
+                _heap_swap(heap, i, best)
+                i = best
+        if not _takes(trie, t):
+            depth = max_depth  # not added, not expanded
+            continue
+        node, count = _child(trie, parent, t, count)
+        weight[node] += scale * p
+        added += 1
+
+
 @njit(cache=True)
 def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
     """Writes the `max_tree_nodes` non-root nodes of highest weight * depth_decay ** level, in creation order, to out_nodes; returns how many.
@@ -231,9 +326,9 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
 
 
 @njit(cache=True)
-def heaviest_path(trie, max_len, out_ids):
-    """Follows the heaviest child from the root (ties: the earliest created); writes its tokens. Returns the length."""
-    token, _, weight, child, sibling, _, _ = trie
+def heaviest_path(trie, max_len, out_nodes):
+    """Follows the heaviest child from the root (ties: the earliest created); writes its nodes. Returns the length."""
+    _, _, weight, child, sibling, _, _ = trie
     node = 0
     length = 0
     while length < max_len:
@@ -245,7 +340,7 @@ def heaviest_path(trie, max_len, out_ids):
             c = sibling[c]
         if best == EMPTY:
             break
-        out_ids[length] = token[best]
+        out_nodes[length] = best
         length += 1
         node = best
     return length
@@ -278,6 +373,7 @@ class DraftTrie:
         self._count = 0
         self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
+        self._heap = (np.zeros(0, dtype=np.float64),) + tuple(np.zeros(0, dtype=np.int64) for _ in range(4))  # add_predictions' scratch
         self._eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
         self._vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
         self._arrays = ()  # the kernels' `trie` tuple (module docstring); rebuilt when a buffer, eos or vocab_limit changes
@@ -364,8 +460,34 @@ class DraftTrie:
 
     def path(self, max_len: int) -> np.ndarray:
         """The heaviest root path, at most max_len tokens (int64)."""
+        return self.path_tokens(self.path_nodes(max_len))
+
+    def path_tokens(self, nodes: np.ndarray) -> np.ndarray:
+        """The tokens of `nodes` (int64, a copy)."""
+        return self._token[nodes]
+
+    def heaviest_first(self) -> tuple[int, float]:
+        """(token, weight) of the root's heaviest child: the draft's first token; (-1, 0.0) in an empty trie."""
+        nodes = self.path_nodes(1)
+        return (int(self._token[nodes[0]]), float(self._weight[nodes[0]])) if nodes.shape[0] else (-1, 0.0)
+
+    def path_nodes(self, max_len: int) -> np.ndarray:
+        """The nodes of the heaviest root path, at most max_len (int64; node i was the i-th created, the root 0)."""
         out = np.empty(max(max_len, 0), dtype=np.int64)
         return out[: heaviest_path(self._arrays, max_len, out)]
+
+    def add_predictions(self, ids: np.ndarray, root_token: int, chances: np.ndarray, *, budget: int, max_depth: int,
+                        scale: float) -> None:
+        """Adds the `budget` likeliest paths of a prediction table (PredictionTable.ids) from `root_token`, each
+        weighing scale * its probability under the rank `chances` (see the kernel of that name)."""
+        if budget <= 0 or max_depth <= 0 or ids.shape[0] == 0:
+            return
+        self._reserve(self._count + budget)
+        entries = budget * ids.shape[1] + ids.shape[1]
+        if self._heap[0].shape[0] < entries:
+            self._heap = (np.zeros(entries, dtype=np.float64),) + tuple(np.zeros(entries, dtype=np.int64) for _ in range(4))
+        self._count = add_predictions(ids, root_token, chances, (budget, max_depth, float(scale)), self._arrays, self._count,
+                                      self._heap)
 
     def tree(self, max_tree_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
@@ -406,4 +528,6 @@ def warm_up() -> int:
     trie.add_longest_match(buffers, buffers.tokens[:3], 2, match_base=2.0, stop_token=9)
     trie.add_longest_match(buffers, np.array([4, 5]), 2, match_base=2.0)
     trie.path(2)
+    table = np.array([[1, 2], [2, -1], [0, 1]], dtype=np.int32)  # a prediction table's ids
+    trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=2.0)
     return trie.tree(4)[0].shape[0]

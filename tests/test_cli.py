@@ -204,3 +204,15 @@ def test_replay_imports_neither_torch_nor_transformers(tmp_path):
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
+    assert main(["bench", "--blend"]) == 2
+    assert "--blend runs a real model" in capsys.readouterr().err
+    stories = SHARED / "models" / "stories260K"
+    if not stories.is_dir():
+        pytest.skip(f"{stories} is absent")
+    assert main(["bench", "--blend", "--model", str(stories), "--requests", "2", "--max-new-tokens", "12", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["tau"]
+    assert len(rows) == 2 * 2 * 2 * 3  # sampling x drafter kept or fresh x chain or tree x source
+    assert {r["source"] for r in rows} == {"lookup", "table", "blend"} and all(r["tau"] >= 1.0 for r in rows)

@@ -39,7 +39,7 @@ from lookahead.integrations.hf import (
 )
 from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support
-from lookahead.integrations.verify import build_block, forward_block, greedy_choices, stop_index, walk
+from lookahead.integrations.verify import build_block, forward_block, greedy_choices, stop_index, top_ids, walk
 from lookahead.request import Request
 from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
@@ -52,6 +52,11 @@ from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 # unit of verify cost against sized chains), which a dearer mask path or the host work around
 # it (where the forward is fast) loses; differences within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
+# The prediction table (LookupDrafter(predictions=...)) learns the model's top-k at every entry of a
+# row's block from its last own token on: the kept path and the rejected draft nodes (each
+# predicted given exactly its ancestors, so a true prediction after a context the model may
+# write later). False: the kept path only.
+RECORD_REJECTED = True
 
 
 @dataclass
@@ -192,6 +197,8 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
                             cache, uncached=u, dtype=dtype)
         logits, first_logit = forward_block(model, block, cache, logits_to_keep, device)
+        table = active[0].request.drafter.predictions  # siblings share their parent's
+        top = top_ids(logits, u - 1 - first_logit, table.k) if table is not None else None  # (rows, entries from u - 1, k)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
@@ -211,7 +218,11 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             row.context += new
-            row.request.verified(new, accepted=len(kept))  # the last block too: the drafter indexes the whole output
+            predicted = None
+            if top is not None:  # the block's entries from the row's last own token (u - 1) on, and their top-k
+                entries = path if not RECORD_REJECTED else range(u - 1, len(block.ids[r]))
+                predicted = ([block.ids[r][i] for i in entries], top[r, [i - (u - 1) for i in entries]])
+            row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
                 if batch:
                     row.request.drafter.reset(())  # a batch's row: its prompt and whole output go into the shared memory

@@ -161,6 +161,12 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
         path.append(child)
 
 
+def top_ids(logits: torch.Tensor, skip: int, k: int) -> np.ndarray:
+    """(rows, entries - skip, k) int32: each entry's k highest-scoring ids from entry `skip` of the logits
+    on, highest first, in one transfer from the device. Cost: a top-k over (rows, entries, vocab) there."""
+    return logits[:, skip:].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()
+
+
 def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
     """Per row and entry, the logits' argmax, in one read from the device (one sync per step, not
     one per kept token), where greedy choices need no processing and no scores are returned."""

@@ -1,0 +1,165 @@
+"""`lookahead bench --blend`: lookup, the model's own predictions and their blend on a real model, unforced.
+
+Tokens per verify step of `lookahead.generate` with unsized drafts (`cost_aware=False`: every
+draft verified whole, so τ does not depend on timings) over story openings (STORY_OPENINGS,
+or --prompts), greedy and sampled at temperature 0.8, with one drafter kept across the
+requests (memory and table kept) and a fresh drafter per request; for each: lookup alone
+(`predictions=False`), the table alone (`drafter.lookup = False`) and the blend (the default),
+chains and trees. Greedy outputs are checked equal across the sources (each must equal plain
+greedy, which tests/ check). `--time-blend` adds wall-clock milliseconds per new token of the
+default drafter (sized, tree=None) with and without the table, greedy, per --dtype.
+"""
+
+import json
+import sys
+import time
+
+import torch
+import transformers
+
+import lookahead
+from lookahead import LookupDrafter
+from lookahead.bench.tables import format_table, json_report
+from lookahead.bench.traces import load_model, parse_dtypes
+
+# 30 story openings (first sentences in the TinyStories manner, written for this bench).
+STORY_OPENINGS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "Tom had a big red ball that he loved very much.",
+    "One day, a small dog went to the park with his mom.",
+    "There was a happy cat who lived in a blue house.",
+    "Sara and Ben were best friends who liked to play outside.",
+    "Once upon a time, in a big forest, there lived a brown bear.",
+    "Max wanted to build a tall tower with his blocks.",
+    "It was a sunny day and the birds were singing.",
+    "Anna found a shiny coin under her bed.",
+    "The little boat sailed on the big lake.",
+    "Once there was a kind old man who had a garden.",
+    "Lucy liked to draw pictures of flowers and trees.",
+    "A little bird could not fly because its wing was hurt.",
+    "Tim and his dad went to the store to buy some milk.",
+    "The sun was hot, so Mia wanted to eat ice cream.",
+    "Once upon a time, there was a big green frog.",
+    "Jack had a toy car that was fast and red.",
+    "One morning, Sue woke up and saw snow outside.",
+    "There was a little mouse who lived in a hole in the wall.",
+    "Ben was sad because he lost his favorite hat.",
+    "Mom baked a cake for Lily's birthday.",
+    "The princess lived in a tall castle on a hill.",
+    "Once upon a time, a little fish swam in the sea.",
+    "Sam liked to run and jump in the yard.",
+    "A girl named Amy had a pet bunny called Fluffy.",
+    "The farmer had a cow, a pig and a sheep.",
+    "One day, Tom saw a big truck on the road.",
+    "Lily and her brother played with a kite in the park.",
+    "There was a shy owl who lived in an old tree.",
+    "Once upon a time, a little girl wanted to find a treasure.",
+]
+SOURCES = ("lookup", "table", "blend")
+TEMPERATURE = 0.8
+
+
+def drafter_for(source: str, **options) -> LookupDrafter:
+    """A drafter drafting from `source`: lookup alone, the prediction table alone, or both (the default)."""
+    drafter = LookupDrafter(predictions=source != "lookup", **options)
+    drafter.lookup = source != "table"
+    return drafter
+
+
+def prompt_ids(tokenizer, texts: list[str]) -> list[torch.Tensor]:
+    return [tokenizer(text, return_tensors="pt").input_ids for text in texts]
+
+
+def measure_tau(model, prompts: list[torch.Tensor], *, source: str, tree: bool, sample: bool, kept: bool, max_new_tokens: int,
+                seed: int = 0) -> tuple[float, list[list[int]]]:
+    """(tokens per verify step over every request, each request's output) with unsized drafts."""
+    drafter = drafter_for(source, cost_aware=False)
+    tokens = steps = 0
+    outputs = []
+    for i, ids in enumerate(prompts):
+        if not kept:
+            drafter = drafter_for(source, cost_aware=False)
+        options = dict(do_sample=True, temperature=TEMPERATURE, top_k=0) if sample else dict(do_sample=False)
+        torch.manual_seed(seed + i)
+        out = lookahead.generate(model, ids, drafter=drafter, tree=tree, max_new_tokens=max_new_tokens, **options)
+        outputs.append(out[0, ids.shape[1] :].tolist())
+        tokens, steps = tokens + drafter.stats.tokens, steps + drafter.stats.steps
+    return tokens / steps, outputs
+
+
+def measure_taus(model, prompts, *, max_new_tokens: int, progress=None) -> list[dict]:
+    rows = []
+    for sample in (False, True):
+        for kept in (True, False):
+            for tree in (False, True):
+                greedy_outputs = None
+                for source in SOURCES:
+                    start = time.perf_counter()
+                    tau, outputs = measure_tau(model, prompts, source=source, tree=tree, sample=sample, kept=kept,
+                                               max_new_tokens=max_new_tokens)
+                    if not sample:  # every source is exact: the same greedy outputs
+                        if greedy_outputs is not None and outputs != greedy_outputs:
+                            raise AssertionError(f"greedy outputs differ between sources ({source}, tree={tree}, kept={kept})")
+                        greedy_outputs = outputs
+                    rows.append(dict(sampling=f"sampled t={TEMPERATURE}" if sample else "greedy", drafter="kept" if kept else "fresh",
+                                     draft="tree" if tree else "chain", source=source, tau=round(tau, 3),
+                                     seconds=round(time.perf_counter() - start, 1)))
+                    if progress is not None:
+                        progress(rows[-1])
+    return rows
+
+
+def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int) -> list[dict]:
+    """Time per output token (after the first) of the default drafter (sized, tree=None), lookup alone and the blend,
+    each request's fastest of `repeats` runs, one drafter per source kept across the requests; greedy."""
+    rows = []
+    for source in ("lookup", "blend"):
+        drafter = drafter_for(source)
+        lookahead.generate(model, prompts[0], drafter=drafter, max_new_tokens=8)  # warm: calibration, kernels
+        best = [float("inf")] * len(prompts)
+        produced = [0] * len(prompts)
+        tokens = steps = 0
+        for _ in range(repeats):
+            for i, ids in enumerate(prompts):
+                start = time.perf_counter()
+                out = lookahead.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, do_sample=False)
+                elapsed = time.perf_counter() - start
+                produced[i] = out.shape[1] - ids.shape[1]
+                best[i] = min(best[i], elapsed)
+                tokens, steps = tokens + drafter.stats.tokens, steps + drafter.stats.steps
+        rows.append(dict(source=source, ms_per_token=round(1e3 * sum(best) / sum(produced), 3), tau=round(tokens / steps, 3)))
+    return rows
+
+
+def run_blend_bench(args) -> int:
+    if not args.model:
+        raise ValueError("--blend runs a real model: give --model (e.g. ../shared/models/stories260K)")
+    tokenizer = load_model(transformers.AutoTokenizer, args.model)
+    if args.prompts:
+        texts = [line for line in args.prompts.read_text().splitlines() if line.strip()][: args.requests]
+    else:
+        texts = STORY_OPENINGS[: args.requests]
+    prompts = prompt_ids(tokenizer, texts)
+    report = dict(model=args.model, requests=len(prompts), max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d %H:%M"))
+    dtypes = parse_dtypes(args.dtype or "float32", device="cpu", traces=False)
+    model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).eval()
+    report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens,
+                                 progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
+    if args.time_blend:
+        report["tpot"] = []
+        for dtype in dtypes:
+            model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).eval()
+            for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats):
+                report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
+    if json_report(args, report):
+        return 0
+    taus = {(r["sampling"], r["drafter"], r["draft"], r["source"]): r["tau"] for r in report["tau"]}
+    lines = []
+    for (sampling, drafter, draft) in dict.fromkeys(k[:3] for k in taus):
+        lookup, table, blend = (taus[(sampling, drafter, draft, s)] for s in SOURCES)
+        lines.append([sampling, drafter, draft, f"{lookup:.2f}", f"{table:.2f}", f"{blend:.2f}", f"{blend / lookup:.2f}x"])
+    print(format_table(["sampling", "drafter", "draft", "lookup", "table", "blend", "blend / lookup"], lines))
+    if "tpot" in report:
+        print()
+        print(format_table(["dtype", "source", "ms/token", "tau"], [[r["dtype"], r["source"], r["ms_per_token"], r["tau"]] for r in report["tpot"]]))
+    return 0

@@ -1,0 +1,200 @@
+"""`PredictionTable`: the model's own top-k next tokens after each token id, recycled into drafts (numpy, numba).
+
+Every verify pass computes the model's distribution at every position of its block and
+keeps one token of it. The table keeps, for each token id t, the k ids the model ranked
+highest the last time t was an input (Token Recycling, ACL 2025):
+
+    ids  int32[rows, k]   # ids[t, r]: the model's (r+1)-th likeliest next token the last time t was an input; -1: none
+
+Rows grow to the largest input seen (the vocabulary, once the loop has seen it): bounded by
+vocab x k x 4 bytes, 4 MB at 128k ids and k = 8. Writes take the table's lock; drafts read
+without it (a row torn by a concurrent write is a worse draft, never a wrong output: every
+draft is verified, and every stored id is in [0, rows) or -1).
+
+How a drafter uses it (LookupDrafter, `predictions=`): the loop records each step's top-k
+(`record`), the drafter counts at which rank of the table's row each token the model wrote
+stood before that step's record (`rank_counts`: the rank keep chances), and drafts a
+best-first expansion of the rows from the last token (trie.add_predictions).
+"""
+
+import threading
+
+import numpy as np
+from numba import njit
+
+DEFAULT_TOP_K = 8  # the model's k likeliest next tokens kept per input id (Token Recycling's 8)
+
+
+@njit(cache=True)
+def record_rows(ids, inputs, predicted):
+    """ids[inputs[i]] = predicted[i] for each i in order (a later input of the same id wins);
+    inputs outside [0, rows) are skipped, predicted ids outside [0, rows) stored as -1 (none). O(n * k)."""
+    rows, k = ids.shape
+    for i in range(inputs.shape[0]):
+        t = inputs[i]
+        if t < 0 or t >= rows:
+            continue
+        for r in range(k):
+            v = predicted[i, r]
+            ids[t, r] = v if 0 <= v < rows else -1
+
+
+@njit(cache=True)
+def rank_counts(ids, tokens, start, counts):
+    """For each i in [max(start, 1), len(tokens)) whose previous token has a row: counts[r] += 1 where
+    tokens[i] == ids[tokens[i - 1], r], counts[k] += 1 where it is at no rank. O(n * k)."""
+    rows, k = ids.shape
+    for i in range(max(start, 1), tokens.shape[0]):
+        prev = tokens[i - 1]
+        if prev < 0 or prev >= rows or ids[prev, 0] < 0:
+            continue
+        rank = k
+        for r in range(k):
+            if ids[prev, r] == tokens[i]:
+                rank = r
+                break
+        counts[rank] += 1
+
+
+class PredictionTable:
+    """The model's top-k next tokens after each token id, the last time it was an input.
+
+    One table may serve many drafters (a batch's rows, threads): pass it as
+    `LookupDrafter(predictions=table)`. It belongs to one model: another model's
+    predictions only make worse drafts (never wrong outputs), so give each model its own.
+
+    Args:
+        k: next tokens kept per input id (the loops record the model's top-k).
+
+    Example:
+        >>> table = PredictionTable(k=2)
+        >>> table.record([5, 7], [[7, 3], [1, 2]])
+        >>> table.row(5).tolist(), table.row(7).tolist(), table.row(1).tolist()
+        ([7, 3], [1, 2], [-1, -1])
+    """
+
+    def __init__(self, *, k: int = DEFAULT_TOP_K):
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise ValueError(f"k must be an int in [1, 64], got {k!r}")
+        self.k = k
+        self.ids = np.full((0, k), -1, dtype=np.int32)  # (rows, k), see the module docstring; replaced (never resized in place) when it grows
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Rows (input ids) the table has room for."""
+        return self.ids.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.nbytes
+
+    def reserve(self, rows: int) -> None:
+        """Makes room for input ids below `rows` (the model's vocabulary), keeping what is recorded."""
+        with self._lock:
+            self._grow(rows)
+
+    def _grow(self, rows: int) -> None:
+        if rows > self.ids.shape[0]:
+            grown = np.full((rows, self.k), -1, dtype=np.int32)
+            grown[: self.ids.shape[0]] = self.ids
+            self.ids = grown  # readers holding the old array keep a consistent (older) copy
+
+    def record(self, inputs, predicted) -> None:
+        """Row inputs[i] becomes predicted[i] (the model's likeliest next tokens after inputs[i], likeliest first).
+
+        Args:
+            inputs: (n,) token ids, the block entries the model predicted from.
+            predicted: (n, k') ids: the first k are kept (fewer: the rest of the row is -1, none).
+        """
+        inputs = np.ascontiguousarray(inputs, dtype=np.int64).reshape(-1)
+        predicted = np.asarray(predicted)
+        if predicted.ndim != 2 or predicted.shape[0] != inputs.shape[0] or predicted.shape[1] < 1:
+            raise ValueError(f"predicted must be ({inputs.shape[0]}, k) ids, got shape {predicted.shape}")
+        if inputs.shape[0] == 0:
+            return
+        kept = np.full((inputs.shape[0], self.k), -1, dtype=np.int64)
+        kept[:, : min(self.k, predicted.shape[1])] = predicted[:, : self.k]
+        predicted = kept
+        with self._lock:
+            self._grow(max(int(inputs.max()), int(predicted.max())) + 1)  # every id recorded has a row
+            record_rows(self.ids, inputs, predicted)
+
+    def row(self, token_id: int) -> np.ndarray:
+        """The k ids recorded after `token_id`, likeliest first (-1: none), a copy."""
+        ids = self.ids
+        return ids[token_id].copy() if 0 <= token_id < ids.shape[0] else np.full(self.k, -1, dtype=np.int32)
+
+    def clear(self) -> None:
+        with self._lock:
+            self.ids = np.full((0, self.k), -1, dtype=np.int32)
+
+
+class RankChances:
+    """A request's estimate of the chance that the model's next token stands at rank r of the table's row
+    for the token before it, r = 0..k-1 (the rest: at none).
+
+    Counts over the tokens the model wrote this request (`observe`), each against the row as it
+    was before that step recorded its own predictions, plus PRIOR_WEIGHT pseudo-tokens of PRIOR.
+    """
+
+    PRIOR_WEIGHT = 4.0
+    PRIOR = (0.4, 0.1, 0.05, 0.03, 0.02, 0.02, 0.01, 0.01)  # a guess, outweighed after a few dozen tokens
+
+    def __init__(self, k: int):
+        self.counts = np.zeros(k + 1, dtype=np.int64)  # (k + 1,) tokens at each rank; [k]: at none
+        prior = np.zeros(k, dtype=np.float64)
+        prior[: min(k, len(self.PRIOR))] = self.PRIOR[:k]
+        self.prior = prior
+
+    def observe(self, table: PredictionTable, tokens: np.ndarray, start: int) -> None:
+        """Counts tokens[start:] (int32 ids, each following the one before it) against `table`."""
+        if table.ids.shape[0]:
+            rank_counts(table.ids, tokens, start, self.counts)
+
+    def chances(self) -> np.ndarray:
+        """(k,) float64: the chance of each rank."""
+        seen = float(self.counts.sum())
+        return (self.counts[:-1] + self.PRIOR_WEIGHT * self.prior) / (seen + self.PRIOR_WEIGHT)
+
+
+class LeadChances:
+    """A request's estimate, per anchor match length m, of the chance that lookup's heaviest first token
+    is the model's next token: faded counts (FADE per observation) plus PRIOR_WEIGHT pseudo-counts of PRIOR.
+
+    It puts lookup's candidates and the table's paths on one scale: lookup's heaviest first
+    token stands for this chance, the table's paths for their probabilities (RankChances).
+    """
+
+    PRIOR_WEIGHT = 2.0
+    PRIOR = 0.5
+    FADE = 0.95
+
+    def __init__(self, max_ngram: int):
+        self.hits = [0.0] * (max_ngram + 1)  # per match length: faded count of first tokens kept
+        self.seen = [0.0] * (max_ngram + 1)  # and of first tokens drafted
+        self.pending: tuple[int, int] | None = None  # (match length, token) of the draft being verified
+
+    def chance(self, match_len: int) -> float:
+        m = min(match_len, len(self.hits) - 1)
+        return (self.hits[m] + self.PRIOR_WEIGHT * self.PRIOR) / (self.seen[m] + self.PRIOR_WEIGHT)
+
+    def drafted(self, match_len: int, token: int) -> None:
+        """Lookup's heaviest first token this step, anchored on match_len tokens."""
+        self.pending = (min(match_len, len(self.hits) - 1), token)
+
+    def written(self, token: int) -> None:
+        """The model's next token: counts the pending first token kept or not."""
+        if self.pending is not None:
+            m, drafted = self.pending
+            self.hits[m] = self.FADE * self.hits[m] + (drafted == token)
+            self.seen[m] = self.FADE * self.seen[m] + 1.0
+            self.pending = None
+
+
+def warm_up() -> int:
+    """Compiles the kernels on a small real input; returns the count of ranked tokens (2 when both ran)."""
+    table = PredictionTable(k=2)
+    table.record(np.array([1, 2]), np.array([[2, 0], [1, 3]]))
+    counts = np.zeros(3, dtype=np.int64)
+    rank_counts(table.ids, np.array([1, 2, 1], dtype=np.int32), 1, counts)
+    return int(counts.sum())

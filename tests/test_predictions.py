@@ -1,0 +1,258 @@
+"""The prediction table, its rank chances and the trie's best-first expansion of it, against pure-Python references."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lookahead import LookupDrafter, PredictionTable
+from lookahead import predictions as predictions_module
+from lookahead import trie as trie_module
+from lookahead.trie import DraftTrie
+from tests.test_trie import node_weights
+
+
+def test_warm_up_compiles_every_kernel():
+    assert predictions_module.warm_up() == 2
+    assert trie_module.warm_up() == 4
+    for kernel in (predictions_module.record_rows, predictions_module.rank_counts, trie_module.add_predictions):
+        assert kernel.signatures, f"{kernel.__name__} was not compiled"
+
+
+def reference_record(rows: dict, inputs, predicted, k):
+    """{input id: its k predicted ids}, the last input of an id winning."""
+    for t, ids in zip(inputs, predicted):
+        rows[t] = list(ids[:k])
+    return rows
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.lists(st.tuples(st.integers(0, 9), st.lists(st.integers(0, 11), min_size=3, max_size=3)), max_size=6),
+                      max_size=5),
+       k=st.integers(1, 3))
+def test_record_keeps_the_last_prediction_per_input_and_grows_to_every_id(steps, k):
+    table, expected = PredictionTable(k=k), {}
+    for step in steps:
+        inputs = [t for t, _ in step]
+        predicted = np.array([ids for _, ids in step], dtype=np.int64).reshape(len(step), 3)
+        table.record(inputs, predicted)
+        reference_record(expected, inputs, predicted.tolist(), k)
+    seen = {t for step in steps for t, ids in step} | {i for step in steps for _, ids in step for i in ids[:k]}
+    assert len(table) == (max(seen) + 1 if seen else 0)  # a row for every id recorded, input or predicted
+    assert table.nbytes == len(table) * k * 4  # int32: vocab x k x 4 bytes at most
+    for t in range(len(table) + 2):
+        assert table.row(t).tolist() == expected.get(t, [-1] * k)
+
+
+def test_record_refuses_a_shape_that_does_not_match():
+    table = PredictionTable(k=4)
+    with pytest.raises(ValueError, match="predicted must be"):
+        table.record([1, 2], np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="predicted must be"):
+        table.record([1, 2], np.zeros(2))
+    table.record([1], np.array([[3, 2]]))  # fewer than k: the rest of the row is none
+    assert table.row(1).tolist() == [3, 2, -1, -1]
+    with pytest.raises(ValueError, match="k must be"):
+        PredictionTable(k=0)
+
+
+def reference_ranks(rows: dict, tokens, start, k):
+    counts = [0] * (k + 1)
+    for i in range(max(start, 1), len(tokens)):
+        row = rows.get(tokens[i - 1])
+        if row is None:
+            continue
+        counts[row.index(tokens[i]) if tokens[i] in row else k] += 1
+    return counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.dictionaries(st.integers(0, 5), st.permutations(range(6)).map(lambda p: list(p[:2])), max_size=6),
+       tokens=st.lists(st.integers(0, 5), max_size=20), start=st.integers(0, 20))
+def test_rank_counts_equal_the_reference(rows, tokens, start):
+    table = PredictionTable(k=2)
+    table.reserve(6)
+    if rows:
+        table.record(list(rows), np.array(list(rows.values())))
+    counts = np.zeros(3, dtype=np.int64)
+    predictions_module.rank_counts(table.ids, np.array(tokens, dtype=np.int32), start, counts)
+    assert counts.tolist() == reference_ranks(rows, tokens, start, 2)
+
+
+def reference_expansion(rows: dict, root, chances, budget, max_depth, eos, vocab_limit):
+    """Probabilities of the `budget` likeliest table paths from root (at most max_depth tokens, none through an
+    eos id or an id >= vocab_limit), likeliest first: {path: probability}."""
+    paths = {}
+
+    def visit(token, path, p):
+        if len(path) == max_depth:
+            return
+        for r, t in enumerate(rows.get(token, [])):
+            if t < 0 or chances[r] <= 0 or t in eos or t >= vocab_limit:
+                continue
+            paths[path + (t,)] = p * chances[r]
+            visit(t, path + (t,), p * chances[r])
+
+    visit(root, (), 1.0)
+    return paths
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.dictionaries(st.integers(0, 4), st.permutations(range(5)).map(lambda p: list(p[:3])), max_size=5),
+       root=st.integers(0, 4), budget=st.integers(1, 30), max_depth=st.integers(1, 4),
+       chances=st.sampled_from([(0.5, 0.3, 0.1), (0.6, 0.0, 0.2), (0.9, 0.05, 0.01)]),
+       eos=st.sampled_from([(), (2,)]), vocab_limit=st.sampled_from([trie_module.NO_VOCAB_LIMIT, 4]),
+       scale=st.sampled_from([1.0, 3.0]), lookup=st.lists(st.integers(0, 4), max_size=4))
+def test_the_tables_best_first_expansion_takes_the_likeliest_paths(rows, root, budget, max_depth, chances, eos, vocab_limit, scale,
+                                                                    lookup):
+    table = PredictionTable(k=3)
+    table.reserve(5)
+    if rows:
+        table.record(list(rows), np.array(list(rows.values())))
+    trie = DraftTrie()
+    trie.eos = np.array(eos, dtype=np.int64)
+    trie.vocab_limit = vocab_limit
+    trie.add(np.array(lookup, dtype=np.int64), np.array([0]), np.array([1.0]), 4)  # a lookup candidate already there
+    before = node_weights(trie)
+    trie.add_predictions(table.ids, root, np.array(chances), budget=budget, max_depth=max_depth, scale=scale)
+    after = node_weights(trie)
+    added = {path: after[path] - before.get(path, 0.0) for path in after if after[path] != before.get(path, 0.0)}
+    possible = reference_expansion(rows, root, chances, budget, max_depth, eos, vocab_limit)
+    assert set(added) <= set(possible)
+    assert added == pytest.approx({path: scale * possible[path] for path in added})
+    assert len(added) == min(budget, len(possible))
+    # the likeliest: nothing left out is likelier than what was taken
+    if len(added) < len(possible):
+        assert min(added.values()) / scale >= max(p for path, p in possible.items() if path not in added) - 1e-12
+    # weights still only shrink along a path (heaviest_nodes' subtree property)
+    for path, w in after.items():
+        assert len(path) == 1 or after[path[:-1]] >= w - 1e-12
+
+
+def learnt_drafter(**options) -> LookupDrafter:
+    """A drafter whose table has seen the model predict 5 -> (6, 7), 6 -> (2, 8), 7 -> (9,), 8 -> (3,)."""
+    drafter = LookupDrafter(memory=False, eos_token_id=2, vocab_size=9, **options)
+    drafter.reset([1, 4])
+    drafter.record_predictions([5, 6, 7, 8], np.array([[6, 7], [2, 8], [9, 1], [3, 4]]))
+    return drafter
+
+
+def test_the_drafter_drafts_the_tables_continuation_where_lookup_has_none():
+    drafter = learnt_drafter()
+    drafter.extend([5])  # 5 never occurred before: lookup has nothing; the table knows what follows 5
+    chain = drafter.propose(4)
+    assert chain.token_ids.tolist() == [6, 8, 3] and chain.match_len == 0  # 2 is EOS: 6 -> 8 (rank 1), then 3 (rank 0)
+    tree = drafter.propose_tree(4, max_tree_nodes=8)
+    assert set(tree.token_ids.tolist()) <= {6, 7, 8, 3, 4, 1} and 2 not in tree.token_ids.tolist()
+    assert 9 not in tree.token_ids.tolist()  # at or above vocab_size: never drafted, wherever it comes from
+
+
+def test_predictions_false_or_lookup_alone():
+    drafter = LookupDrafter(memory=False, predictions=False)
+    assert drafter.predictions is None
+    drafter.reset([1, 4])
+    drafter.record_predictions([5], np.array([[6, 7]]))  # nothing to record into
+    drafter.extend([5, 6, 5])
+    assert drafter.propose(4).token_ids.tolist() == [6, 5]  # lookup alone: what followed the last 5
+    table_alone = learnt_drafter()
+    table_alone.lookup = False
+    table_alone.extend([5, 6, 5])
+    assert table_alone.propose(4).token_ids.tolist() == [6, 8, 3]
+
+
+def test_lookup_leads_where_its_first_tokens_have_held_and_the_table_where_they_have_not():
+    for held, first in ((True, 3), (False, 6)):
+        drafter = learnt_drafter()
+        drafter.extend([0, 5, 3, 3, 3, 0, 5])  # [0, 5] occurred, followed by 3: a 2-token match; the table says 6 after 5
+        for _ in range(10):  # what lookup's first tokens at this match length did before
+            drafter.lead_chances.drafted(2, 3)
+            drafter.lead_chances.written(3 if held else 4)
+        chain = drafter.propose(3)
+        assert chain.token_ids.tolist()[0] == first and chain.match_len == (2 if held else 0)
+
+
+def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_step():
+    drafter = learnt_drafter()
+    drafter.extend([5, 7, 1])  # 5 -> 7: rank 1; 7 -> 1: rank 1 of (9, 1); 4 -> 5: no row for 4
+    counts = drafter.rank_chances.counts.tolist()  # ranks 0..7, then none
+    assert counts == [0, 2] + [0] * 7
+    chances = drafter.rank_chances.chances()
+    assert chances[1] > chances[0] * 0.5 and chances.sum() < 1.0
+    drafter.reset([3])
+    assert not drafter.rank_chances.counts.any()  # learnt per request; the table itself is kept
+    assert drafter.predictions.row(5).tolist()[:2] == [6, 7]
+
+
+def test_siblings_share_the_table_and_a_table_can_be_shared():
+    table = PredictionTable()
+    parent = LookupDrafter(predictions=table)
+    assert parent.sibling().predictions is table and parent.predictions is table
+    with pytest.raises(TypeError, match="predictions must be"):
+        LookupDrafter(predictions="yes")
+
+
+class RecordingTable(PredictionTable):
+    """A PredictionTable that keeps every (inputs, predicted) the loop records."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def record(self, inputs, predicted):
+        self.calls.append((list(inputs), np.asarray(predicted).copy()))
+        super().record(inputs, predicted)
+
+
+def assert_top_k_of_the_block(model, prompt, output, calls):
+    """Each step recorded a chain block [last own token, draft...]: its entries' top-k equal a fresh
+    forward's over the row's sequence before the block and the block's entries."""
+    import torch
+
+    sequence = prompt + output
+    position = len(prompt) - 1  # the first step's entries start at the prompt's last token
+    for inputs, predicted in calls:
+        assert sequence[position] == inputs[0]
+        with torch.no_grad():
+            logits = model(torch.tensor([sequence[:position] + inputs])).logits[0, position:].float()
+        top = logits.topk(predicted.shape[1]).values
+        assert torch.allclose(torch.gather(logits, 1, torch.from_numpy(predicted).long()), top, atol=1e-4)
+        kept = 0
+        while kept + 1 < len(inputs) and position + kept + 1 < len(sequence) and inputs[kept + 1] == sequence[position + kept + 1]:
+            kept += 1
+        position += kept + 1  # the kept drafts and the model's own token
+
+
+def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included():
+    import torch
+
+    from lookahead import generate
+    from tests.models import stories_model
+
+    model = stories_model()
+    table = RecordingTable()
+    drafter = LookupDrafter(num_draft_tokens=6, cost_aware=False, predictions=table)
+    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:20].tolist()
+    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
+    output = out[0, len(prompt):].tolist()
+    assert output == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
+    assert len(table.calls) == drafter.stats.steps
+    assert any(len(inputs) > kept + 1 for (inputs, _), kept in zip(table.calls, drafter.stats.accepted_per_step))  # rejected entries
+    assert_top_k_of_the_block(model, prompt, output, table.calls)  # the first step's from the prompt's last token on
+
+
+def test_nothing_is_computed_for_the_table_when_predictions_are_off(monkeypatch):
+    import torch
+
+    from lookahead import generate
+    from lookahead.integrations import generate as generate_module
+    from tests.models import stories_model
+
+    def refuse(*args):
+        raise AssertionError("top_ids called with predictions=False")
+
+    monkeypatch.setattr(generate_module, "top_ids", refuse)
+    model = stories_model()
+    drafter = LookupDrafter(predictions=False, cost_aware=False)
+    generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=drafter, max_new_tokens=8, do_sample=False)
+    with pytest.raises(AssertionError, match="top_ids called"):
+        generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), max_new_tokens=8, do_sample=False)
