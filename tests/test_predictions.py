@@ -140,7 +140,7 @@ def learnt_drafter(**options) -> LookupDrafter:
 def test_the_drafter_drafts_the_tables_continuation_where_lookup_has_none():
     drafter = learnt_drafter()
     drafter.extend([5])  # 5 never occurred before: lookup has nothing; the table knows what follows 5
-    chain = drafter.propose(4)
+    chain = drafter.propose(4, hedged=True)  # a tree step's chain; a plain chain is lookup's alone
     assert chain.token_ids.tolist() == [6, 8, 3] and chain.match_len == 0  # 2 is EOS: 6 -> 8 (rank 1), then 3 (rank 0)
     tree = drafter.propose_tree(4, max_tree_nodes=8)
     assert set(tree.token_ids.tolist()) <= {6, 7, 8, 3, 4, 1} and 2 not in tree.token_ids.tolist()
@@ -157,7 +157,8 @@ def test_predictions_false_or_lookup_alone():
     table_alone = learnt_drafter()
     table_alone.lookup = False
     table_alone.extend([5, 6, 5])
-    assert table_alone.propose(4).token_ids.tolist() == [6, 8, 3]
+    assert table_alone.propose(4, hedged=True).token_ids.tolist() == [6, 8, 3]
+    assert len(table_alone.propose(4)) == 0  # a plain chain takes no table paths
 
 
 def test_lookup_leads_where_its_first_tokens_have_held_and_the_table_where_they_have_not():
@@ -167,7 +168,7 @@ def test_lookup_leads_where_its_first_tokens_have_held_and_the_table_where_they_
         for _ in range(10):  # what lookup's first tokens at this match length did before
             drafter.lead_chances.drafted(2, 3)
             drafter.lead_chances.written(3 if held else 4)
-        chain = drafter.propose(3)
+        chain = drafter.propose(3, hedged=True)
         assert chain.token_ids.tolist()[0] == first and chain.match_len == (2 if held else 0)
 
 
