@@ -175,7 +175,7 @@ def has_arctic_inference() -> bool:
     return importlib.util.find_spec("arctic_inference") is not None
 
 
-def method_args(method: str, k: int, stats_path: Path) -> dict:
+def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None) -> dict:
     """The LLM arguments of a method: none; none-sync (no speculation, async scheduling off as vLLM turns it off for
     every speculative method here); ngram-never (vLLM's speculative path with a proposer that never drafts: ngram
     with a prompt_lookup_min longer than any sequence); ngram; ngram-min2; suffix; lookahead."""
@@ -196,7 +196,7 @@ def method_args(method: str, k: int, stats_path: Path) -> dict:
     if method == "suffix":
         return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
     if method == "lookahead":
-        return engine_args(num_draft_tokens=k, stats_path=str(stats_path))
+        return engine_args(num_draft_tokens=k, stats_path=str(stats_path), **(ours or {}))
     raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, ngram, ngram-min2, suffix or lookahead")
 
 
@@ -229,13 +229,13 @@ def serve(llm, traces: list, concurrency: int, tag: str) -> list[list[int]]:
 
 
 def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: int, stats_path: Path,
-               enforce_eager: bool = False) -> list[dict]:
+               enforce_eager: bool = False, ours: dict | None = None) -> list[dict]:
     """One engine for `method` (max_num_seqs: the highest concurrency); per level of `levels` ({c: traces}), its row.
     enforce_eager: vLLM's option (the bench keeps vLLM's default, compiled; eager starts an engine in about 20 s
-    instead of 35 on 2 cores)."""
+    instead of 35 on 2 cores). ours: our options beside num_draft_tokens and stats_path (engine_args)."""
     started = time.perf_counter()
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len, max_num_seqs=max(levels),
-              seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager, disable_log_stats=False, **method_args(method, k, stats_path))
+              seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager, disable_log_stats=False, **method_args(method, k, stats_path, ours))
     print(f"{method}: engine ready in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     async_scheduling = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     rows = []

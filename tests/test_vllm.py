@@ -945,8 +945,9 @@ def test_trace_forced_target_writes_the_recorded_continuation(trace_forced, meth
     bench, traces, model = trace_forced
     if method == "suffix" and not bench.has_arctic_inference():
         pytest.skip("vLLM's suffix needs arctic-inference, not installed here")
+    # ours at a fixed F/p of idle hardware: the load rule's measured step times must not decide whether anything is drafted
     [row] = bench.run_method(method, model, {2: traces}, k=K, max_model_len=256, stats_path=tmp_path / "stats.json",
-                              enforce_eager=True)
+                              enforce_eager=True, ours={"fixed_cost_tokens": 4096.0})
     assert row["trace"], method
     # drafts were verified against the forced logits, some of their tokens kept and some refused
     assert 0 < row["accepted_tokens"] < row["draft_tokens"], row
