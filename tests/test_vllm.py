@@ -474,8 +474,10 @@ def test_batch_sizes_kernel_equals_batch_draft_sizes(seed):
     lengths = rng.integers(0, 9, size=12)
     sizes = np.zeros(12, dtype=np.int64)
     for fixed in (1.0, 4.0, 64.0, 4096.0):
-        kernels.batch_sizes(chances, lengths, fixed, sizes)
+        taken, kept = kernels.batch_sizes(chances, lengths, 12, fixed, sizes)
         assert sizes.tolist() == batch_draft_sizes(chances, lengths, cost=LineCost(fixed)), fixed
+        a = np.minimum(chances, MAX_CHANCE)
+        assert taken == sizes.sum() and kept == pytest.approx(sum(a[r] ** j for r in range(12) for j in range(1, sizes[r] + 1)))
 
 
 def test_two_proposers_fed_the_same_steps_draft_alike():

@@ -225,23 +225,24 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
 
 
 @njit(cache=True)
-def batch_sizes(chances, lengths, fixed_cost_tokens, sizes):
-    """sizing.rules.batch_draft_sizes over arrays: writes sizes[r]; returns the drafted tokens taken.
+def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
+    """sizing.rules.batch_draft_sizes over arrays for a step of `rows` decode rows: writes sizes[r];
+    returns (drafted tokens taken, of them expected kept).
 
     Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
     likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
+    Rows without a chain (lengths[r] == 0) are counted only in `rows`.
     """
-    rows = chances.shape[0]
     total = 0
-    for r in range(rows):
+    for r in range(chances.shape[0]):
         sizes[r] = 0
         total += lengths[r]
     if total == 0:
-        return 0
+        return 0, 0.0
     gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
     owner = np.empty(total, dtype=np.int64)
     t = 0
-    for r in range(rows):
+    for r in range(chances.shape[0]):
         a = min(chances[r], MAX_CHANCE)
         g = 1.0
         for _ in range(lengths[r]):
@@ -261,7 +262,65 @@ def batch_sizes(chances, lengths, fixed_cost_tokens, sizes):
         expected += gain
         verified += 1.0
         taken += 1
-    return taken
+    return taken, expected - rows
+
+
+@njit(cache=True)
+def stale_rows(rows_slot, num_tokens, token_ids, copied, last_token, first_token, stale):
+    """stale[r]: whether row r's slot (>= 0) holds another request's tokens (more tokens than the
+    row, or another first or last copied token: vLLM reused the request id); returns how many."""
+    count = 0
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        stale[r] = False
+        if s < 0 or copied[s] == 0:
+            continue
+        c = copied[s]
+        if c > num_tokens[r] or token_ids[r, c - 1] != last_token[s] or token_ids[r, 0] != first_token[s]:
+            stale[r] = True
+            count += 1
+    return count
+
+
+@njit(cache=True)
+def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, token_capacity, used, indexed,
+                    table_capacity, grams, max_load, room):
+    """room[r]: the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
+    discarded); returns (decode rows, whether some slot's buffers must grow first: SlotBuffers.reserve)."""
+    decode = 0
+    grow = False
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        room[r] = min(k, max_model_len - n) if num_sampled[r] > 0 else 0
+        if n > token_capacity[s]:
+            grow = True
+        if room[r] > 0:
+            decode += 1
+            if used[s] + max(n - indexed[s], 0) * grams > max_load * table_capacity[s]:
+                grow = True
+    return decode, grow
+
+
+@njit(cache=True)
+def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
+    """Counts the drafts a step verified as vLLM's metrics do: ours where learnt from (status LEARNT,
+    verified[r] > 0), vLLM's own (theirs[r] > 0); num_sampled[r] - 1 of each accepted.
+    counts += (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
+    per_pos[p] += drafts with more than p tokens accepted."""
+    for r in range(status.shape[0]):
+        if status[r] == DISCARDED:
+            counts[4] += 1
+        drafted = verified[r] if status[r] == LEARNT and verified[r] > 0 else theirs[r]
+        if drafted <= 0:
+            continue
+        counts[3] += theirs[r] > 0
+        accepted = num_sampled[r] - 1
+        counts[0] += 1
+        counts[1] += drafted
+        counts[2] += accepted
+        for p in range(min(accepted, per_pos.shape[0])):
+            per_pos[p] += 1
 
 
 @njit(cache=True)

@@ -51,6 +51,9 @@ class DraftStepCost:
         self._moment = np.zeros(3)  # faded sum of x * seconds
         self._fixed = self.prior
         self._draft = 0.0
+        line = np.array([1.0, -self.prior, 0.0]) / np.hypot(1.0, self.prior)  # F = prior * p
+        extra = np.array([0.0, 0.0, 1.0])  # D = 0, weighed lightly: drafted steps carry more tokens, D and p are entangled
+        self._penalty = self.prior_weight * (np.outer(line, line) + DRAFT_PRIOR_SHARE * np.outer(extra, extra))
 
     @property
     def fixed_cost_tokens(self) -> float:
@@ -70,13 +73,12 @@ class DraftStepCost:
     def observe(self, tokens: int, drafted: bool, seconds: float) -> None:
         """Learns from a step that verified `tokens` tokens (`drafted`: some of them drafted) in `seconds`."""
         x = np.array([1.0, float(tokens), float(bool(drafted))])
-        self._normal = self.fade * self._normal + np.outer(x, x)
-        self._moment = self.fade * self._moment + x * seconds
+        self._normal *= self.fade
+        self._normal += np.outer(x, x)
+        self._moment *= self.fade
+        self._moment += x * seconds
         self.samples += 1
-        line = np.array([1.0, -self.prior, 0.0]) / np.hypot(1.0, self.prior)  # F = prior * p
-        extra = np.array([0.0, 0.0, 1.0])  # D = 0, weighed lightly: drafted steps carry more tokens, D and p are entangled
-        penalty = self.prior_weight * (np.outer(line, line) + DRAFT_PRIOR_SHARE * np.outer(extra, extra))
-        fixed, per_token, draft = np.linalg.solve(self._normal + penalty, self._moment)
+        fixed, per_token, draft = np.linalg.solve(self._normal + self._penalty, self._moment)
         self._fixed = fixed_cost_tokens_of(fixed, per_token)
         per_token = max(per_token, fixed / FIXED_COST_BOUNDS[1], 1e-12)  # as fixed_cost_tokens_of bounds it
         self._draft = float(np.clip(draft / per_token, *DRAFT_COST_BOUNDS))

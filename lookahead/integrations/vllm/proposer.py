@@ -48,7 +48,6 @@ from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
 from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
 from lookahead.sizing.cost import LineCost
-from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
@@ -139,7 +138,8 @@ class SlotBuffers:
         return self._arrays[s][0][: self.copied[s]]
 
     def reserve(self, slots: np.ndarray, num_tokens: np.ndarray, indexing: np.ndarray) -> None:
-        """Grows the buffers of `slots` for rows of num_tokens tokens (and their tables, where `indexing`)."""
+        """Grows the buffers of `slots` for rows of num_tokens tokens (and their tables, where `indexing`);
+        the step calls it only where kernels.room_and_growth finds a slot too small."""
         arrays = self._arrays
         for r in np.flatnonzero(num_tokens > self.token_capacity[slots]).tolist():
             s = int(slots[r])
@@ -264,6 +264,8 @@ class LookupProposer:
         self._last_keys: set = set()  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
+        self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts)
+        self._per_pos = np.zeros(k, dtype=np.int64)
         self._lock = threading.Lock()  # held by a step and by the counters file's writer
         self._stats_file = StatsFile(options["stats_path"], self._stats_snapshot, self._lock) if options["stats_path"] else None
 
@@ -278,6 +280,8 @@ class LookupProposer:
         self._out_chance = np.zeros(rows, dtype=np.float64)  # (row,) its keep chance per token
         self._out_status = np.zeros(rows, dtype=np.int64)  # (row,) kernels.LEARNT, DISCARDED or NO_PLAN
         self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
+        self._room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
+        self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
@@ -347,11 +351,13 @@ class LookupProposer:
         verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
         self._measure_step(keys, num_sampled, new_keys, start)
 
-        room = np.minimum(self.num_draft_tokens, self.max_model_len - num_tokens)  # (row,) the most tokens a chain may hold
-        room[num_sampled == 0] = 0  # a prefill chunk, or a step vLLM discarded
-        decode = int(np.count_nonzero(room > 0))
         s = self.slots
-        s.reserve(slots, num_tokens, room > 0)  # the most the kernel may write
+        room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
+        decode, grow = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
+                                               s.token_capacity, s.used, s.indexed, s.table_capacity,
+                                               s.max_ngram - s.min_ngram + 1, _MAX_LOAD, room)
+        if grow:
+            s.reserve(slots, num_tokens, room > 0)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
         h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
         bar = decode / (h + d + decode) if self.options["cost_aware"] and decode else -1.0
@@ -378,20 +384,11 @@ class LookupProposer:
         if not drafting:
             sizes[:] = 0
         elif self.options["cost_aware"]:
-            chances = self._out_chance[:num_rows]
-            rows = np.flatnonzero(room > 0)  # the step's decode rows: each verifies and yields its own token
-            if rows.shape[0] == num_rows:
-                kernels.batch_sizes(chances, lengths, h + d, sizes)  # once a draft is sent, D is paid: the fixed part is h + d
-            else:
-                decode_sizes = np.zeros(rows.shape[0], dtype=np.int64)
-                kernels.batch_sizes(chances[rows], lengths[rows], h + d, decode_sizes)
-                sizes[:] = 0
-                sizes[rows] = decode_sizes
-            if sizes.any():
-                a = np.minimum(chances, MAX_CHANCE)
-                expected = float((a * (1 - a ** sizes) / (1 - a)).sum())  # drafted tokens kept: sum_r a_r + ... + a_r^size_r
+            # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
+            taken, expected = kernels.batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
+            if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
-                if (plain or not worth_sending(decode, expected, int(sizes.sum()), h, d)
+                if (plain or not worth_sending(decode, expected, taken, h, d)
                         or (self.gate is not None and not self.gate.allows(decode))):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
@@ -415,8 +412,9 @@ class LookupProposer:
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
-        self._last_step = ([keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()],
-                           int(np.count_nonzero(num_sampled > 0)) + int(sizes.sum()), bool(sizes.any()), self.clock())
+        decoded = keys if decode == num_rows else [keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()]
+        sent_tokens = int(sizes.sum())
+        self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
         self._last_keys = set(keys)
         return out
 
@@ -462,17 +460,12 @@ class LookupProposer:
             slots = self._slots_seen.copy()
         else:
             slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
-        known = np.flatnonzero(slots >= 0)
-        if known.shape[0]:
-            s = self.slots
-            copied = s.copied[slots[known]]
-            last = token_ids[known, np.maximum(copied - 1, 0)]
-            stale = (copied > num_tokens[known]) | ((copied > 0) & ((last != s.last_token[slots[known]])
-                                                                      | (token_ids[known, 0] != s.first_token[slots[known]])))
-            for row in known[stale].tolist():
+        s, stale = self.slots, self._stale[: len(keys)]
+        if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
+            for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
-        for row in np.flatnonzero(slots < 0).tolist():
+        for row in (np.flatnonzero(slots < 0).tolist() if slots.min(initial=0) < 0 else ()):
             n = int(num_tokens[row])
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
             doc = self._doc_of(self.documents.store_for(token_ids[row, :prompt_len], min_ngram=self.slots.min_ngram,
@@ -535,16 +528,17 @@ class LookupProposer:
 
     def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
         """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
-        status = self._out_status[:num_rows]
-        if not status.any() and not theirs.any():
+        counts, per_pos = self._counts, self._per_pos
+        counts[:], per_pos[:] = 0, 0
+        kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
+        if not counts.any():
             return
-        self.stats.discarded_drafts += int(np.count_nonzero(status == kernels.DISCARDED))
-        ours = (status == kernels.LEARNT) & (verified > 0)
-        for drafted, accepted in ((verified, ours), (theirs, theirs > 0)):
-            rows = np.flatnonzero(accepted)
-            if rows.shape[0]:
-                self._count(drafted[rows], num_sampled[rows] - 1)
-        self.stats.vllm_drafts += int(np.count_nonzero(theirs))
+        s = self.stats
+        drafts, draft_tokens, accepted, vllm_drafts, discarded = counts.tolist()
+        s.drafts, s.draft_tokens, s.accepted_tokens = s.drafts + drafts, s.draft_tokens + draft_tokens, s.accepted_tokens + accepted
+        s.vllm_drafts, s.discarded_drafts = s.vllm_drafts + vllm_drafts, s.discarded_drafts + discarded
+        if drafts:
+            s.accepted_per_pos[:] = [a + b for a, b in zip(s.accepted_per_pos, per_pos.tolist())]
 
     def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
         """Without a runner: each row belongs to the request whose copied tokens it still extends."""
@@ -586,16 +580,6 @@ class LookupProposer:
         self.stats.finished += 1
 
     # -- counters ------------------------------------------------------------------------------
-
-    def _count(self, drafted: np.ndarray, accepted: np.ndarray) -> None:
-        s = self.stats
-        s.drafts += int(drafted.shape[0])
-        s.draft_tokens += int(drafted.sum())
-        s.accepted_tokens += int(accepted.sum())
-        per_pos = np.bincount(np.minimum(accepted, len(s.accepted_per_pos)), minlength=len(s.accepted_per_pos) + 1)
-        reached = np.cumsum(per_pos[::-1])[::-1]  # reached[p]: drafts with more than p tokens accepted, at [p + 1]
-        for pos in range(len(s.accepted_per_pos)):
-            s.accepted_per_pos[pos] += int(reached[pos + 1])
 
     def _file_finished(self) -> None:
         """Hands this step's finished requests to the memory (its thread, or at once)."""
