@@ -8,7 +8,8 @@ of its own with an empty home directory (no cache there) that builds the forced 
 forced in the forward) and times one generate() call; the methods take turns, so load hits
 all alike. numba's cache of the drafting kernels, written beside the package by its first
 process, is kept (an installed package's state); `--fresh-kernels` empties it too. Reported: each method's fastest call, and the min-max of the repeats' own ratios
-to greedy.
+to greedy; and the whole process as a user's script runs it (`import torch, transformers`,
+then lookahead, the model built, the call), from its first line to the call's end.
 """
 
 import json
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from tqdm import tqdm
 
@@ -58,8 +60,9 @@ def run_cold(args) -> int:
               f"{len(tasks)} request(s), each prompt's last {prompt_tokens} tokens, at most {args.max_new_tokens} new tokens; "
               f"tau: tokens per forward pass (the drafter's stats); seconds: the requests' summed fastest of {args.repeats} calls; vs greedy: greedy's seconds over the method's "
               "(above 1: faster), in brackets the min-max over the repeats")
-        print(format_table(["dtype", "method", "first call s", "vs greedy", "tau", "exact"],
+        print(format_table(["dtype", "method", "first call s", "vs greedy", "process s", "vs greedy", "tau", "exact"],
                            [[r["dtype"], r["method"], f"{r['seconds']:.2f}", f"{r['vs_greedy']:.2f}x ({r['vs_greedy_min']:.2f}-{r['vs_greedy_max']:.2f})",
+                             f"{r['process_s']:.2f}", f"{r['process_vs_greedy']:.2f}x ({r['process_vs_greedy_min']:.2f}-{r['process_vs_greedy_max']:.2f})",
                              f"{r['tau']:.2f}", "yes" if r["exact"] else "NO"] for r in rows]))
     return 0 if all(r["exact"] for r in rows) else 1
 
@@ -67,15 +70,17 @@ def run_cold(args) -> int:
 def summarize(calls: dict, dtypes: list[str], requests: int, repeats: int) -> list[dict]:
     rows = []
     for dtype in dtypes:
-        fastest = {m: sum(min(c["seconds"] for c in calls[dtype, i, m]) for i in range(requests)) for m in METHODS}
+        row = {m: dict(dtype=dtype, method=m) for m in METHODS}
+        for key, name in (("seconds", "vs_greedy"), ("process_s", "process_vs_greedy")):
+            fastest = {m: sum(min(c[key] for c in calls[dtype, i, m]) for i in range(requests)) for m in METHODS}
+            for method in METHODS:
+                per_run = [sum(calls[dtype, i, "greedy"][k][key] for i in range(requests))
+                           / sum(calls[dtype, i, method][k][key] for i in range(requests)) for k in range(repeats)]
+                row[method].update({("seconds" if key == "seconds" else key): fastest[method], name: fastest["greedy"] / fastest[method],
+                                    f"{name}_min": min(per_run), f"{name}_max": max(per_run)})
         for method in METHODS:
-            per_run = [sum(calls[dtype, i, "greedy"][k]["seconds"] for i in range(requests))
-                       / sum(calls[dtype, i, method][k]["seconds"] for i in range(requests)) for k in range(repeats)]
             results = [c for i in range(requests) for c in calls[dtype, i, method]]
-            rows.append(dict(dtype=dtype, method=method, seconds=fastest[method], vs_greedy=fastest["greedy"] / fastest[method],
-                             vs_greedy_min=min(per_run), vs_greedy_max=max(per_run),
-                             tau=sum(c["tau"] for c in results) / len(results),
-                             exact=all(c["exact"] for c in results)))
+            rows.append(dict(row[method], tau=sum(c["tau"] for c in results) / len(results), exact=all(c["exact"] for c in results)))
     return rows
 
 
@@ -88,14 +93,16 @@ def cold_call(spec: dict, *, fresh_kernels: bool = False) -> dict:
         env.pop("HF_HOME", None)
         if fresh_kernels:
             env["NUMBA_CACHE_DIR"] = os.path.join(home, "numba")
-        done = subprocess.run([sys.executable, "-m", "lookahead.bench.cold", json.dumps(spec)], env=env, capture_output=True, text=True)
+        script = ("import time; started = time.perf_counter()\nimport torch, transformers\n"
+                  "from lookahead.bench.cold import child_main; child_main(started)")  # a user's script, in its order
+        done = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the cold process failed ({spec['method']}, {spec['dtype']}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def child(spec: dict) -> dict:
-    """In the fresh process: the model built, then one timed generate() call (the only thing timed)."""
+    """In the fresh process: the model built, then one timed generate() call."""
     import torch
 
     import lookahead
@@ -114,9 +121,12 @@ def child(spec: dict) -> dict:
     with force_reference(model, len(prompt), reference):
         out, timing = timed_generate(model, torch.tensor([prompt]), options)
     written = out[0, len(prompt) :].tolist()
-    return dict(seconds=timing.seconds, first_token_s=timing.first_token_s, tokens=len(written), forwards=timing.forwards,
+    return dict(seconds=timing.seconds, first_token_s=timing.first_token_s, tokens=len(written), forwards=timing.forwards, ended=time.perf_counter(),
                 exact=written == reference, tau=drafter.stats.tau if drafter is not None else 1.0)
 
 
-if __name__ == "__main__":
-    print(json.dumps(child(json.loads(sys.argv[1]))))
+def child_main(started: float) -> None:
+    """The child's entry (cold_call's script): prints child()'s result and process_s, its first line to the call's end."""
+    result = child(json.loads(sys.argv[1]))
+    result["process_s"] = result.pop("ended") - started
+    print(json.dumps(result))

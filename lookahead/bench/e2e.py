@@ -198,6 +198,7 @@ def methods(*, variants: bool = False) -> list[tuple[str, Callable[[], dict]]]:
         ("hf prompt lookup k=10", pld(10)),
         ("lookahead.generate chain", lambda: engine(assistant=LookupDrafter(), tree=False)),
         ("lookahead.generate tree", lambda: engine(assistant=LookupDrafter(), tree=True)),
+        ("lookahead.generate lookup alone", lambda: engine(assistant=LookupDrafter(predictions=False))),
         ("lookahead assistant_model unsized k=16", lambda: dict(assistant_model=unsized(num_draft_tokens=16))),
         ("lookahead.generate chain unsized k=16", lambda: engine(assistant=unsized(num_draft_tokens=16), tree=False)),
         ("lookahead.generate tree unsized 32 nodes", lambda: engine(assistant=unsized(), tree=True, max_tree_nodes=32)),

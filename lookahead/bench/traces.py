@@ -18,6 +18,7 @@ import torch
 import transformers
 
 from lookahead.bench.replay import load_trace
+from lookahead.integrations import generate as loop
 
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 # A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
@@ -148,6 +149,11 @@ def force_reference(model, prompt_len: int, reference: list[int]):
     accepted path (whose tokens equal the reference up to it) is forced right; nodes off it
     are never accepted, whatever they predict. The lift is top + |top|/32 + 1, strictly above
     every other logit in bfloat16 too (8 bits of mantissa). No host sync: a few tensor ops per forward.
+
+    A forced model's predictions are not a model's: off the accepted path its top-1 is the
+    reference's token for that position, whatever the node's ancestors. So within the block the
+    prediction table learns from the kept path alone (generate.RECORD_REJECTED off); beyond the
+    forced token its top-k is the random model's noise, which can only cost the blend.
     """
     target = torch.tensor(reference, dtype=torch.long, device=model.device)  # (n,)
     n = target.shape[0]
@@ -175,8 +181,10 @@ def force_reference(model, prompt_len: int, reference: list[int]):
         return output
 
     handles = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after, with_kwargs=True)]
+    record_rejected, loop.RECORD_REJECTED = loop.RECORD_REJECTED, False
     try:
         yield
     finally:
+        loop.RECORD_REJECTED = record_rejected
         for handle in handles:
             handle.remove()
