@@ -76,7 +76,7 @@ def summarize(calls: dict, dtypes: list[str], requests: int, repeats: int) -> li
             for method in METHODS:
                 per_run = [sum(calls[dtype, i, "greedy"][k][key] for i in range(requests))
                            / sum(calls[dtype, i, method][k][key] for i in range(requests)) for k in range(repeats)]
-                row[method].update({("seconds" if key == "seconds" else key): fastest[method], name: fastest["greedy"] / fastest[method],
+                row[method].update({key: fastest[method], name: fastest["greedy"] / fastest[method],
                                     f"{name}_min": min(per_run), f"{name}_max": max(per_run)})
         for method in METHODS:
             results = [c for i in range(requests) for c in calls[dtype, i, method]]
