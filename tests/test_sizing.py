@@ -349,6 +349,35 @@ def test_unseeded_costs_price_no_draft_until_the_prefill_and_a_plain_step_draw_t
     assert costs.relative()[[11, 12]] == pytest.approx([1.2, 1.3])
 
 
+def test_the_chord_adds_the_output_layer_that_the_prefill_did_not_score():
+    costs = StepCosts(head_ratio=2.0)  # scoring a token costs twice the rest of its forward
+    costs.observe_prefill(1, 201, 2.1)  # the prompt's 201 tokens in 2.1 s, its last one scored
+    taught(costs, 1, 0.1)
+    assert costs.relative()[[1, 2, 11]] == pytest.approx([1.0, 1.3, 4.0])  # 0.01 s a token, three times over
+    with pytest.raises(ValueError, match="head_ratio"):
+        StepCosts(head_ratio=-1.0)
+
+
+def test_the_batch_line_adds_the_output_layer_too():
+    costs = LoopCosts(head_ratio=1.0)
+    costs.observe_prefill(4, 100, 0.1 + 0.0005 * 400 + 0.0005 * 4)  # 0.5 ms a token, 0.5 ms more a scored one (a row's last)
+    costs.observe(4, 1, 2.0)  # a warm-up
+    costs.observe(4, 1, 0.1 + 0.001 * 4)  # a plain step scores its 4 tokens: F = 0.1 s
+    assert costs.at(4).fixed_cost_tokens == pytest.approx(100.0, rel=0.01)
+
+
+def test_head_ratio_weighs_the_output_layer_against_the_layers_between():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lookahead.integrations.hf import head_ratio
+
+    config = dict(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    for tied in (False, True):
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=tied, **config))
+        body = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name and "lm_head" not in name)
+        assert head_ratio(model) == pytest.approx(1000 * 32 / body), tied
+
+
 def test_a_calibrated_curve_ignores_the_prefill():
     costs = StepCosts(SECONDS)
     costs.observe_prefill(1, 201, 100.0)

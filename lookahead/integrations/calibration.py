@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lookahead.draft import Draft
-from lookahead.integrations.hf import cache_inputs, drop_cache_tail, new_cache, supports_logits_to_keep
+from lookahead.integrations.hf import cache_inputs, drop_cache_tail, head_ratio, new_cache, supports_logits_to_keep
 from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import tree_support
 from lookahead.integrations.verify import build_block, forward_block
@@ -51,7 +51,7 @@ def step_costs(model) -> StepCosts:
     key = (*model_key(model), "assistant")
     if key not in LEARNT:
         calibrated = CALIBRATED.get(model_key(model))
-        LEARNT[key] = StepCosts(calibrated["chain"] if calibrated is not None else None)
+        LEARNT[key] = StepCosts(calibrated["chain"] if calibrated is not None else None, head_ratio=prefill_head_ratio(model))
     return LEARNT[key]
 
 
@@ -61,9 +61,15 @@ def loop_costs(model) -> LoopCosts:
     key = (*model_key(model), "loop")
     if key not in LEARNT:
         calibrated = CALIBRATED.get(model_key(model))
-        LEARNT[key] = (LoopCosts() if calibrated is None
+        LEARNT[key] = (LoopCosts(head_ratio=prefill_head_ratio(model)) if calibrated is None
                        else LoopCosts(calibrated["chain"], tree_over_chain=calibrated["tree_over_chain"]))
     return LEARNT[key]
+
+
+def prefill_head_ratio(model) -> float:
+    """The output layer's share that a prefill leaves out of its per-token time: it scores its last
+    token only where the forward takes `logits_to_keep` (both loops' prefills do), every token elsewhere."""
+    return head_ratio(model) if supports_logits_to_keep(model) else 0.0
 
 
 def tree_over_chain_16(model) -> float:

@@ -85,8 +85,11 @@ class StepCosts(CostCurve):
 
     Seeded with calibrated seconds at SIZES (linear in between), or with none: then the
     prior is the chord through the call's first plain step and its prefill
-    (`observe_prefill`: L tokens in one forward), t(w) = t(1) + (t(L) - t(1)) (w - 1) / (L - 1),
-    which no forward pass beyond the call's own costs. Block costs are flat where the
+    (`observe_prefill`: L tokens in one forward), t(w) = t(1) + (1 + head_ratio) (t(L) - t(1)) (w - 1) / (L - 1),
+    which no forward pass beyond the call's own costs. A prefill scores its last token only
+    (logits_to_keep) while a verify step scores every token, so each extra token also costs the
+    output layer: `head_ratio` is its compute per token over the rest of the forward's (on
+    Qwen2-0.5B's shape at a 128k vocabulary 0.3; on a 60M model there, 2.2). Block costs are flat where the
     weights' transfer dominates and grow linearly where compute does, so the chord lies on
     or above them (the prefill's one-time warm-up and its attention over L tokens only
     steepen it): a conservative start. Until both points are in, every drafted width is
@@ -111,6 +114,8 @@ class StepCosts(CostCurve):
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
         decay: weight of the old average when a width is observed again.
+        head_ratio: what scoring a token costs over what the rest of its forward does, where the
+            prefill scored its last token only (0: the prefill scored every token).
 
     Example:
         >>> costs = StepCosts()
@@ -125,7 +130,10 @@ class StepCosts(CostCurve):
 
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
 
-    def __init__(self, seconds=None, *, decay: float = 0.8):
+    def __init__(self, seconds=None, *, decay: float = 0.8, head_ratio: float = 0.0):
+        if not head_ratio >= 0:
+            raise ValueError(f"head_ratio must be >= 0, got {head_ratio!r}")
+        self.head_ratio = float(head_ratio)
         self.seed = None if seconds is None else np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
         if self.seed is not None and (self.seed.shape != (len(SIZES),) or not (self.seed > 0).all()):
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
@@ -152,7 +160,7 @@ class StepCosts(CostCurve):
             return
         tokens, seconds = self.prefill
         one = self.seconds[1]
-        slope = max(seconds - one, 0.0) / (tokens - 1)
+        slope = max(seconds - one, 0.0) / (tokens - 1) * (1 + self.head_ratio)
         self.calibrated = [one + slope * (w - 1) for w in range(SIZES[-1] + 1)]
         self.seconds = [s if seen else c for s, seen, c in zip(self.seconds, self.seen, self.calibrated)]
         self._anchors()
@@ -322,12 +330,13 @@ class LoopCosts:
             (lookahead.integrations.calibration), or None: learnt from the call's steps.
         tree_over_chain: a calibration's one-row step over a 16-node tree over its step over a
             16-token chain (nan: no trees measured), or None.
+        head_ratio: as StepCosts's, for the priors drawn from prefills (the curve's and the line's).
     """
 
     TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
 
-    def __init__(self, seconds=None, *, tree_over_chain: float | None = None):
-        self.curve = StepCosts(seconds)
+    def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):
+        self.curve = StepCosts(seconds, head_ratio=head_ratio)
         self.line = StepCostFit(line_through(seconds)) if seconds is not None else None
         self.batch_prefill = None  # (tokens, seconds) of a batched prefill, until the line's prior is drawn from it
         self.batch_warm = False  # a plain batched step was taken (the first is not learnt from)
@@ -355,7 +364,7 @@ class LoopCosts:
                     self.batch_warm = True
                     return
                 tokens, prefill = self.batch_prefill
-                per_token = (prefill - seconds) / (tokens - rows)
+                per_token = (prefill - seconds) / (tokens - rows) * (1 + self.curve.head_ratio)
                 if per_token > 0:  # else the prefill read faster than a plain step: noise, wait for the next
                     self.line = StepCostFit(fixed_cost_tokens_of(seconds - per_token * rows, per_token))
             if self.line is not None:
