@@ -29,8 +29,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 
-from lookahead.draft import DraftStats, StepPlan
-from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, DraftStats, StepPlan
+from lookahead.drafter import LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.hf import (
