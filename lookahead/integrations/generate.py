@@ -63,8 +63,7 @@ RECORD_REJECTED = True
 class Row:
     """One row of the call: its request, and the row as plain generate holds it."""
 
-    request: Request
-    stats: DraftStats  # the row's request's stats (kept when a finished row's drafter is reset)
+    request: Request  # its stats describe the row, finished or not
     context: list[int]  # left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
@@ -163,9 +162,10 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             record, cache = _loop(model, rows, options, loop_costs(model) if drafter.cost_aware else None, streamer, batch=batch)
         if streamer is not None:
             streamer.end()
-        if batch:
+        if batch:  # the call's stats: every row's steps, row after row
+            drafter.stats = DraftStats()
             for row in rows:
-                drafter.stats.add(row.stats)
+                drafter.stats.add(row.request.stats)
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
 
 
@@ -225,7 +225,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
                 if batch:
-                    row.request.drafter.reset(())  # a batch's row: its prompt and whole output go into the shared memory
+                    row.request.finish()  # a batch's row: its prompt and whole output go into the shared memory
                 continue
             going.append(r)
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
@@ -253,7 +253,7 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
     chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
-    rates = [row.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
+    rates = [row.request.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
     widest = max(sizes)
     if not tree or widest == 0:
@@ -268,13 +268,13 @@ def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], pro
     """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows with its siblings."""
     if not batch:
         drafter.reset(prompts[0])
-        return [Row(Request(drafter, sized=drafter.cost_aware), drafter.stats, list(prompts[0]), 0, row_processors(processors, 0, 1))]
-    drafter.reset(())  # files the drafter's last request into memory; its stats will describe this call
+        return [Row(Request(drafter, sized=drafter.cost_aware), list(prompts[0]), 0, row_processors(processors, 0, 1))]
+    drafter.finish()  # files the drafter's last request into memory, where the rows copy from it
     rows = []
     for i, (prompt, pad) in enumerate(zip(prompts, pads)):
         child = drafter.sibling()
         child.reset(prompt[pad:])
-        rows.append(Row(Request(child, sized=drafter.cost_aware), child.stats, list(prompt), pad, row_processors(processors, i, len(prompts))))
+        rows.append(Row(Request(child, sized=drafter.cost_aware), list(prompt), pad, row_processors(processors, i, len(prompts))))
     return rows
 
 
