@@ -52,11 +52,6 @@ from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 # unit of verify cost against sized chains), which a dearer mask path or the host work around
 # it (where the forward is fast) loses; differences within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
-# The prediction table (LookupDrafter(predictions=...)) learns the model's top-k at every entry of a
-# row's block from its last own token on: the kept path and the rejected draft nodes (each
-# predicted given exactly its ancestors, so a true prediction after a context the model may
-# write later). False: the kept path only.
-RECORD_REJECTED = True
 
 
 @dataclass
@@ -81,13 +76,14 @@ class Options:
     tree: bool | None  # None: the family takes trees; drafted where they cost what chains do (step_trees)
     max_tree_nodes: int
     record: bool  # scores or logits returned (one row)
+    record_rejected: bool  # the prediction table learns at rejected draft nodes too, not only on the kept path
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList | None = None,
              stopping_criteria: StoppingCriteriaList | None = None, generation_config: GenerationConfig | None = None, *,
              drafter: LookupDrafter | None = None, assistant: LookupDrafter | None = None, tree: bool | None = None,
              max_tree_nodes: int = DEFAULT_MAX_TREE_NODES, streamer=None, tokenizer=None, stop_strings: str | list[str] | None = None,
-             **kwargs):
+             record_rejected: bool = True, **kwargs):
     """Generates with drafts verified by `model`, chains or whole trees per forward pass, one row or a batch.
 
     Call it directly, `lookahead.generate(model, input_ids, drafter=LookupDrafter(), max_new_tokens=64)`,
@@ -115,6 +111,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         tokenizer: needed for `stop_strings`.
         stop_strings: stop at the token that completes one, as plain generate does
             (transformers' StopStringCriteria, checked after every token, even mid-block); needs tokenizer.
+        record_rejected: the drafter's prediction table learns the model's top-k at every entry of
+            a row's block from its last own token on: the kept path and the rejected draft nodes
+            (each predicted given exactly its ancestors, so a true prediction after a context the
+            model may write later). False: the kept path only (where the model's predictions off
+            it are not a model's: the bench's forced model, lookahead.bench.traces).
         **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
             temperature, top_k, top_p, repetition_penalty, logits processors,
             return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
@@ -137,7 +138,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     drafter = _the_drafter(drafter, assistant, kwargs)
     check_input_ids(input_ids, model)
     if generation_config is None:  # a direct call
-        loop = dict(drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer, tokenizer=tokenizer, stop_strings=stop_strings)
+        loop = dict(drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer, tokenizer=tokenizer, stop_strings=stop_strings,
+                    record_rejected=record_rejected)
         return through_transformers(model, input_ids, loop, logits_processor=logits_processor, stopping_criteria=stopping_criteria, **kwargs)
     prompt_streamed = False
     if streamer is None:  # through custom_generate transformers drops it, having put the prompt already
@@ -147,7 +149,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     refuse_unsupported(model, "lookahead.generate")
     mask = kwargs.get("attention_mask")
     batch = input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all()))
-    options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings)
+    options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings,
+                       record_rejected)
     if batch:
         _check_batch(generation_config, streamer, options)
     pads = (mask == 0).sum(dim=1).tolist() if batch and mask is not None else [0] * input_ids.shape[0]
@@ -171,7 +174,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
 
 def through_transformers(model, input_ids, loop: dict, **kwargs):
     """Our loop on `input_ids` with `loop`'s options (the drafter, tree, max_tree_nodes, streamer,
-    tokenizer, stop_strings), everything else (kwargs: a generation_config too) prepared by
+    tokenizer, stop_strings, record_rejected), everything else (kwargs: a generation_config too) prepared by
     transformers' generate exactly as for plain generate, which then calls us back. It drops
     `streamer` and `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
     travel bound to the callback. The class's generate, not the instance's: a model loaded with a
@@ -220,7 +223,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             row.context += new
             predicted = None
             if top is not None:  # the block's entries from the row's last own token (u - 1) on, and their top-k
-                entries = path if not RECORD_REJECTED else range(u - 1, len(block.ids[r]))
+                entries = range(u - 1, len(block.ids[r])) if options.record_rejected else path
                 predicted = ([block.ids[r][i] for i in entries], top[r, [i - (u - 1) for i in entries]])
             row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
@@ -306,7 +309,8 @@ def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
     return drafter
 
 
-def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
+def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings,
+             record_rejected: bool) -> Options:
     if tree is None:
         tree = None if tree_support(model) is None else False
     elif tree and (reason := tree_support(model)) is not None:
@@ -324,6 +328,7 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
         criteria=[c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))],
         stop=StopStringCriteria(tokenizer, stop_strings) if stop_strings else None,
         record=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
+        record_rejected=bool(record_rejected),
     )
 
 
