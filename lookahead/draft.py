@@ -1,4 +1,5 @@
-"""What a drafter proposes (`Draft`), what a step verifies of it (`StepPlan`) and what verification kept (`DraftStats`).
+"""What a drafter proposes (`Draft`), what a step verifies of it (`StepPlan`), what verification kept
+(`DraftStats`), and what a request drives on its drafter (`DraftSource`).
 
 Vocabulary used from the kernels to the command line (and translated from transformers'
 `prompt_lookup_num_tokens` / `max_matching_ngram_size` and vLLM's `num_speculative_tokens`
@@ -15,8 +16,11 @@ only at those adapters):
 """
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+DEFAULT_MAX_TREE_NODES = 64  # most nodes a tree draft holds, unless the caller says: the drafter's and the loops' default
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
@@ -127,3 +131,68 @@ class DraftStats:
             f"DraftStats(steps={self.steps}, drafted={self.drafted}, accepted={self.accepted}, "
             f"tau={self.tau:.2f})"
         )
+
+
+@runtime_checkable
+class DraftSource(Protocol):
+    """What a request (lookahead.request.Request) and the loops over it call on a drafter.
+
+    `LookupDrafter` answers it whatever it drafts from: lookup alone (`predictions=False`),
+    the model's prediction table alone (`lookup = False`) or their blend (the default).
+    One request at a time: `reset(prompt_ids)` starts one; each step `propose` (a chain),
+    `propose_tree`, or `propose(hedged=True)` then `grow_tree` (a tree from the same
+    candidates); then `extend` with the tokens the model wrote and `record_predictions` with
+    its top-k after each block entry; `finish()` ends it. Drafts never hold a rejected token.
+
+    Example:
+        >>> from lookahead import LookupDrafter
+        >>> drafter = LookupDrafter(num_draft_tokens=2, memory=False)
+        >>> isinstance(drafter, DraftSource)
+        True
+        >>> drafter.reset([5, 6, 7, 5])
+        >>> draft = drafter.propose()
+        >>> draft.token_ids.tolist(), drafter.num_tokens
+        ([6, 7], 4)
+        >>> drafter.stats.record(len(draft), accepted=2)  # a loop's bookkeeping (Request keeps it)
+        >>> drafter.extend([6, 7, 8])
+        >>> drafter.finish()  # filed into memory (here none); the stats still describe the request
+        >>> drafter.num_tokens, drafter.stats.accepted
+        (0, 2)
+    """
+
+    stats: DraftStats  # the current request's steps (Request.commit / verified record them); the last one's after finish
+
+    @property
+    def max_ngram(self) -> int:
+        """Longest suffix a draft is anchored on: a Draft's match_len is in [0, max_ngram]."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the request seen so far: the prompt, then every extend."""
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(num_tokens,) those tokens, a read-only view, stale after the next extend, reset or finish."""
+
+    def reset(self, prompt_ids) -> None:
+        """Starts a request on `prompt_ids` (ending the current one as `finish` does); `stats` start empty."""
+
+    def finish(self) -> None:
+        """Ends the current request: what it taught is kept for later requests, its tokens dropped; `stats` stay."""
+
+    def extend(self, token_ids) -> None:
+        """Appends tokens the model wrote (never a rejected draft token)."""
+
+    def propose(self, num_draft_tokens: int | None = None, *, hedged: bool = False) -> Draft:
+        """A chain of at most `num_draft_tokens` tokens after the tokens seen (EMPTY_DRAFT: none).
+        `hedged`: from a tree's candidates, which `grow_tree` then drafts from."""
+
+    def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
+        """A tree of at most `max_tree_nodes` nodes, branches at most `num_draft_tokens` deep."""
+
+    def grow_tree(self, max_tree_nodes: int) -> Draft:
+        """The tree of the last `propose(..., hedged=True)`'s candidates, at most `max_tree_nodes` nodes."""
+
+    def record_predictions(self, inputs, predicted) -> None:
+        """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),
+        after `extend` with the step's tokens. A source that drafts without them ignores them."""

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
-from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.predictions import LeadChances, PredictionTable, RankChances
@@ -16,7 +16,6 @@ from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
 # Defaults measured with `lookahead replay` on ../shared/traces (docs/design.md, "Provenance of the defaults and rules").
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
-DEFAULT_MAX_TREE_NODES = 64
 DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost
 # The drafting policy: how much each kind of candidate weighs (see LookupDrafter._fill_trie),
 # measured with `lookahead replay --tree`. A candidate anchored on match_len tokens weighs
@@ -79,10 +78,11 @@ class LookupDrafter:
     of its own output, from where it last wrote it. A chain is the trie's heaviest path,
     a tree its heaviest nodes.
 
-    Lifecycle (what a verification loop calls): `reset(prompt_ids)`, then per step
-    `propose(num_draft_tokens)` (or `propose_tree`) and `extend(verified_ids)`; `stats`
-    describes the current request. The drafter needs numpy and numba only; what
-    transformers reads on an `assistant_model` is answered by
+    Lifecycle (lookahead.draft.DraftSource, what a request and the loops call):
+    `reset(prompt_ids)`, then per step `propose(num_draft_tokens)` (or `propose_tree`) and
+    `extend(verified_ids)`; `finish()` files the request into memory. `stats` describe the
+    current request, or the last finished one until the next `reset`. The drafter needs
+    numpy and numba only; what transformers reads on an `assistant_model` is answered by
     `lookahead.integrations.assistant`, imported on first use.
 
     One drafter serves one request at a time, in the thread that started it (`reset`):
@@ -279,8 +279,28 @@ class LookupDrafter:
         finally:
             self._held.release()
 
-    def reset(self, prompt_ids=()) -> None:
-        """Starts a new request, in this thread: files the old one into memory, forgets it and its stats, indexes `prompt_ids`.
+    def reset(self, prompt_ids) -> None:
+        """Starts a new request, in this thread: finishes the old one (`finish`), indexes `prompt_ids`, starts `stats` afresh.
+
+        Raises:
+            DrafterInUseError: a verification loop in another thread holds the drafter.
+        """
+        with self.exclusive():
+            self.finish()
+            self.index.extend(prompt_ids)
+            self._prompt_len = len(self.index)
+            self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
+            self.stats = DraftStats()
+            if self.predictions is not None:
+                self.rank_chances = RankChances(self.predictions.k)
+                self.lead_chances = LeadChances(self.max_ngram)
+
+    def finish(self) -> None:
+        """Ends the current request, in this thread: files its tokens (prompt and output) into memory and drops them.
+
+        `stats` still describe the finished request until the next `reset`. The drafter stays this
+        thread's: a loop in another thread still driving the request gets DrafterInUseError at its
+        next call rather than drafting on from nothing. With no tokens it files nothing.
 
         Raises:
             DrafterInUseError: a verification loop in another thread holds the drafter.
@@ -291,13 +311,18 @@ class LookupDrafter:
             self.index.clear()
             self._tree_match_len = None
             self._owner = threading.get_ident()
-            self.index.extend(prompt_ids)
-            self._prompt_len = len(self.index)
-            self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
-            self.stats = DraftStats()
-            if self.predictions is not None:
-                self.rank_chances = RankChances(self.predictions.k)
-                self.lead_chances = LeadChances(self.max_ngram)
+            self._prompt_len = 0
+            self._document_store = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the current request seen so far: its prompt and what `extend` added."""
+        return len(self.index)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(num_tokens,) those tokens: a read-only view of the index, stale after the next extend, reset or finish."""
+        return self.index.tokens
 
     def extend(self, token_ids) -> None:
         """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's).

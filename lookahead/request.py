@@ -1,19 +1,19 @@
 """`Request`: one request's drafting state, driven alike by every loop and by replay (numpy only).
 
-A request is its drafter (the tokens seen, `stats`), its keep rate (sizing.keep_rate) and
-the plan of its last step. Each step a loop calls
+A request is its drafter (a draft.DraftSource: the tokens seen, `stats`), its keep rate
+(sizing.keep_rate) and the plan of its last step. Each step a loop calls
 
     plan = request.plan(room, cost)                  one row: draft, size and commit
     (or request.propose(room), a rule over many rows' keep chances, request.commit(chain, size))
     ... verify plan.draft ...
     request.verified(written)                        the tokens the model wrote this step
 
-so the bookkeeping (what was drafted, what the keep rate learns, what the drafter indexes)
-is written once.
+and `request.finish()` once it has ended (the drafter files it into memory), so the
+bookkeeping (what was drafted, what the keep rate learns, what the drafter indexes) is
+written once.
 """
 
-from lookahead.draft import Draft, StepPlan
-from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, Draft, DraftSource, StepPlan
 from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import chain_size, tree_nodes
 
@@ -22,11 +22,12 @@ class Request:
     """One request's drafter, keep rate and last plan.
 
     Args:
-        drafter: the request's LookupDrafter (already reset to its prompt, or reset by `start`).
+        drafter: the request's drafter, a DraftSource such as LookupDrafter (already reset to its prompt, or reset by `start`).
         sized: learn a keep rate, so that rules can cut drafts to what verifying them pays.
             Without it every draft is verified whole.
 
     Example:
+        >>> from lookahead import LookupDrafter
         >>> from lookahead.sizing.cost import LineCost
         >>> request = Request(LookupDrafter(num_draft_tokens=4), sized=True)
         >>> request.start([1, 2, 3, 4, 1, 2])
@@ -34,11 +35,14 @@ class Request:
         >>> plan.draft.token_ids.tolist()
         [3, 4, 1, 2]
         >>> request.verified([3, 4, 9])  # the model kept two and wrote 9
-        >>> request.stats.accepted, len(request.drafter.index)
+        >>> request.stats.accepted, request.drafter.num_tokens
         (2, 9)
+        >>> request.finish()  # filed into the drafter's memory; the stats still describe it
+        >>> request.stats.accepted, request.drafter.num_tokens
+        (2, 0)
     """
 
-    def __init__(self, drafter: LookupDrafter, *, sized: bool):
+    def __init__(self, drafter: DraftSource, *, sized: bool):
         self.drafter = drafter
         self.sized = sized
         self.keep_rate = KeepRate(drafter.max_ngram) if sized else None
@@ -47,6 +51,7 @@ class Request:
 
     @property
     def stats(self):
+        """The request's DraftStats: what each step drafted and kept; still readable after `finish`."""
         return self.drafter.stats
 
     def start(self, prompt_ids) -> None:
@@ -55,8 +60,13 @@ class Request:
         self.keep_rate = KeepRate(self.drafter.max_ngram) if self.sized else None
         self.last = None
 
+    def finish(self) -> None:
+        """The request ended: the drafter files it into memory and drops its tokens; `stats` still describe it."""
+        self.drafter.finish()
+        self.last = None
+
     def propose(self, room: int, *, hedged: bool = False) -> Draft:
-        """The drafter's chain of at most `room` tokens (`hedged`: from a tree's candidates, see LookupDrafter.propose)."""
+        """The drafter's chain of at most `room` tokens (`hedged`: from a tree's candidates, see DraftSource.propose)."""
         return self.drafter.propose(room, hedged=hedged)
 
     def keep_chance(self, chain: Draft) -> float:
@@ -66,7 +76,7 @@ class Request:
     def commit(self, chain: Draft, size: int, draft: Draft | None = None) -> StepPlan:
         """The step verifies `draft` (default: the chain's first `size` tokens), sized as `size` tokens of `chain`."""
         plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size)
-        self.last, self.position = plan, len(self.drafter.index)
+        self.last, self.position = plan, self.drafter.num_tokens
         self.drafter.stats.record(len(plan.draft))
         return plan
 
@@ -108,4 +118,4 @@ class Request:
         """Tokens of the request the drafter has not seen, outside any plan (a prompt's next chunk, a resumed request)."""
         self.drafter.extend(token_ids)
         if self.keep_rate is not None and self.keep_rate.watched:
-            self.keep_rate.settle(self.drafter.index.tokens)
+            self.keep_rate.settle(self.drafter.tokens)

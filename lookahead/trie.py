@@ -19,9 +19,10 @@ Buffers (allocated once, grown by the class, never inside a kernel):
 
 Kernels take the trie as one tuple, `trie = (token, parent, weight, child, sibling, eos,
 vocab_limit)` (`DraftTrie.arrays`): the buffers, then what no path runs into (the int64 ids
-`eos`, and any id >= vocab_limit); the index as kernels.py's `index` tuple; options as a
-small tuple. A kernel that adds nodes takes the node count and returns (or writes to
-out[0]) the new one.
+`eos`, and any id >= vocab_limit); the index as kernels.py's `index` tuple; a public
+kernel's options as a small tuple, named where it unpacks them (the vLLM proposer calls
+them so), a private helper's as named scalars. A kernel that adds nodes takes the node
+count and returns (or writes to out[0]) the new one.
 """
 
 import numpy as np
@@ -94,17 +95,17 @@ def add_paths(source, starts, weights, num_draft_tokens, trie, count):
 
 
 @njit(cache=True, inline="always")
-def _add_occurrences(index, query_len, first_end, occurrences, match_base, num_draft_tokens, trie, count, out):
-    # occurrences = (walk, min_match, shift, scale, skip_scale). Walks the prev chain
-    # (kernels.index_ends) from first_end over at most `walk` occurrences of the query
-    # tokens[:query_len], most recent first. One whose last m tokens agree with the query's
-    # (min_match <= m <= max_ngram) adds tokens[end + shift : end + shift + num_draft_tokens]
-    # with weight scale * match_base**m; with skip_scale > 0, where tokens[end + shift] is the
-    # sequence's last token (the model skipped tokens[end + 1] and went on copying) it adds the
-    # tokens after that instead, with weight skip_scale * match_base**m. Writes (count,
-    # longest m added, its end) to out[0:3].
+def _add_occurrences(index, query_len, first_end, match_base, num_draft_tokens, trie, count, out,
+                     walk, min_match, shift, scale, skip_scale):
+    # Walks the prev chain (kernels.index_ends) from first_end over at most `walk` occurrences
+    # of the query tokens[:query_len], most recent first. One whose last m tokens agree with
+    # the query's (min_match <= m <= max_ngram) adds tokens[end + shift : end + shift +
+    # num_draft_tokens] with weight scale * match_base**m; with skip_scale > 0, where
+    # tokens[end + shift] is the sequence's last token (the model skipped tokens[end + 1] and
+    # went on copying) it adds the tokens after that instead, with weight skip_scale *
+    # match_base**m. Writes (count, longest m added, its end) to out[0:3]. Callers pass the
+    # last five by keyword (numba takes keywords, not keyword-only parameters).
     tokens, prev, _, n, _, max_ngram = index
-    walk, min_match, shift, scale, skip_scale = occurrences
     best_len, best_end = 0, -1
     end = first_end
     walked = 0
@@ -186,14 +187,17 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
                 out[0], out[1] = count, match_len
                 return
     if match_len:
-        _add_occurrences(index, n, ends[min_ngram], (walk, 1, 1, 1.0, 0.0), match_base, num_draft_tokens, trie, count, out)
+        # matches: continued right after the occurrence (shift 1), at full weight, no skip
+        _add_occurrences(index, n, ends[min_ngram], match_base, num_draft_tokens, trie, count, out,
+                         walk=walk, min_match=1, shift=1, scale=1.0, skip_scale=0.0)
         count = out[0]
         if out[1] < match_len:  # the walk stopped before it (a frequent last token)
             start = ends[match_len] + 1
             count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, trie, count)
-    # the previous occurrence of the gram ending at n - 2 (indexed: only n - 1 is not)
-    _add_occurrences(index, n - 1, prev[n - 2], (substitution_walk, 2, 2, substitution_scale, skip_scale), match_base,
-                     num_draft_tokens, trie, count, out)
+    # substitutions: the suffix without its last token, from the previous occurrence of the gram ending at
+    # n - 2 (indexed: only n - 1 is not), 2+ tokens matched, continued one token later (shift 2)
+    _add_occurrences(index, n - 1, prev[n - 2], match_base, num_draft_tokens, trie, count, out,
+                     walk=substitution_walk, min_match=2, shift=2, scale=substitution_scale, skip_scale=skip_scale)
     out[2] = out[1]
     out[1] = match_len
 

@@ -259,6 +259,16 @@ def test_force_reference_lifts_one_logit_per_position_and_no_other():
     assert torch.isfinite(forced).all()  # nothing made impossible
 
 
+def test_forced_options_turn_rejected_recording_off_for_our_loop_alone():
+    import lookahead
+    from lookahead import LookupDrafter
+
+    ours = dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), max_new_tokens=8)
+    assert traces.forced_options(ours) == ours | dict(record_rejected=False) and "record_rejected" not in ours
+    pld = dict(prompt_lookup_num_tokens=16, max_matching_ngram_size=3)
+    assert traces.forced_options(pld) == pld
+
+
 def test_methods_option_selects_and_refuses(tiny, tmp_path, capsys):
     path = write_traces(tmp_path, requests=1)
     code, out, _ = run_json(capsys, "--traces", str(path), "--vocab-size", str(VOCAB), "--dtype", "float32", "--max-new-tokens", "12",

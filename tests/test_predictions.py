@@ -241,6 +241,23 @@ def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_
     assert_top_k_of_the_block(model, prompt, output, table.calls)  # the first step's from the prompt's last token on
 
 
+def test_record_rejected_off_records_the_kept_path_alone():
+    import torch
+
+    from lookahead import generate
+    from tests.models import stories_model
+
+    model = stories_model()
+    table = RecordingTable()
+    drafter = LookupDrafter(num_draft_tokens=6, cost_aware=False, predictions=table)
+    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:20].tolist()
+    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False, record_rejected=False)
+    assert out[0].tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0].tolist()
+    assert any(drafter.stats.drafted_per_step[i] > kept for i, kept in enumerate(drafter.stats.accepted_per_step))  # drafts were rejected
+    # each step's entries: the row's last own token and the drafts the model kept, no rejected node
+    assert [len(inputs) for inputs, _ in table.calls] == [kept + 1 for kept in drafter.stats.accepted_per_step]
+
+
 def test_nothing_is_computed_for_the_table_when_predictions_are_off(monkeypatch):
     import torch
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lookahead import LookupDrafter
+from lookahead import LookupDrafter, TokenStore
 from lookahead.request import Request
 from lookahead.sizing.cost import CostCurve, LineCost
 
@@ -61,3 +61,21 @@ def test_unsized_requests_verify_whole_drafts():
     assert request.plan(8, LineCost(1.0)).draft.token_ids.tolist() == [3, 4, 1, 2]
     tree = request.plan(8, tree=True)
     assert tree.size == 0 and len(tree.chain) == 0 and len(tree.draft) >= 1
+
+
+def test_finish_files_the_request_into_memory_and_its_stats_stay_readable():
+    memory = TokenStore()
+    drafter = LookupDrafter(memory=memory, num_draft_tokens=3)
+    request = Request(drafter, sized=False)
+    request.start([1, 2, 3, 1, 2])
+    plan = request.plan(3)
+    assert plan.draft.token_ids.tolist()[:1] == [3]
+    request.verified([3, 40, 41, 42, 43], accepted=1)  # the model kept 3, then wrote on
+    stats = request.stats
+    request.finish()
+    assert drafter.num_tokens == 0 and request.last is None and memory.num_sequences == 1
+    assert request.stats is stats and (stats.steps, stats.drafted, stats.accepted) == (1, len(plan.draft), 1)  # the finished request's
+    drafter.finish()  # nothing indexed: nothing filed
+    assert memory.num_sequences == 1
+    request.start([7, 40, 41])  # a later request drafts from the finished one, with stats of its own
+    assert request.propose(3).token_ids.tolist() == [42, 43] and request.stats.steps == 0

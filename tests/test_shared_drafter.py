@@ -104,6 +104,18 @@ def test_direct_calls_from_another_thread_are_refused():
         drafter.propose()
 
 
+def test_finish_while_another_thread_holds_the_drafter_is_refused():
+    drafter = LookupDrafter()
+    drafter.reset([1, 2, 3, 1, 2])
+    with drafter.exclusive():  # a loop's step in this thread
+        with pytest.raises(DrafterInUseError):
+            run_in_threads(drafter.finish)
+    assert drafter.num_tokens == 5  # nothing was filed or dropped
+    run_in_threads(drafter.finish)  # between steps a request may be ended from any thread
+    with pytest.raises(DrafterInUseError):  # and the thread that drove it is told, not left drafting from nothing
+        drafter.propose()
+
+
 @pytest.mark.parametrize("loops", [("transformers", "transformers"), ("engine", "engine"), ("transformers", "engine")])
 def test_two_threads_on_one_drafter_get_exact_output_or_the_clear_error(loops):
     model = tiny_model("llama")

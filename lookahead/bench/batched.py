@@ -19,7 +19,7 @@ from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.bench.traces import (
-    Task, build_model, describe, force_reference, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for, trace_paths,
+    Task, build_model, describe, force_reference, forced_options, forced_trace_task, parse_dtypes, parse_sizes, read_traces, shape_for, trace_paths,
 )
 
 DEFAULT_PROMPT_TOKENS = 256  # --batch without --prompt-tokens: each prompt's last 256 tokens
@@ -165,7 +165,7 @@ def _run(model, tasks: list[Task], method: str) -> tuple[list[list[int]], Timing
         kwargs |= dict(prompt_lookup_num_tokens=16, max_matching_ngram_size=3)
     if len(tasks) == 1:
         with force_reference(model, len(tasks[0].prompt), tasks[0].reference):
-            out, timing = timed_generate(model, ids, kwargs)
+            out, timing = timed_generate(model, ids, forced_options(kwargs))
     else:
         kwargs["logits_processor"] = LogitsProcessorList([FollowRows(ids, [t.reference for t in tasks])])
         out, timing = timed_generate(model, ids, kwargs)

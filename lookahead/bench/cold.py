@@ -108,7 +108,7 @@ def child(spec: dict) -> dict:
     import lookahead
     from lookahead import LookupDrafter
     from lookahead.bench.timing import timed_generate
-    from lookahead.bench.traces import build_model, force_reference
+    from lookahead.bench.traces import build_model, force_reference, forced_options
 
     model = build_model(shape=spec["shape"], vocab=TRACE_VOCAB_SIZE, dtype=getattr(torch, spec["dtype"]), device="cpu")
     prompt, reference = spec["prompt"], spec["reference"]
@@ -119,7 +119,7 @@ def child(spec: dict) -> dict:
     elif spec["method"] == "lookahead.generate":
         options.update(custom_generate=lookahead.generate, assistant=(drafter := LookupDrafter()))
     with force_reference(model, len(prompt), reference):
-        out, timing = timed_generate(model, torch.tensor([prompt]), options)
+        out, timing = timed_generate(model, torch.tensor([prompt]), forced_options(options))
     written = out[0, len(prompt) :].tolist()
     return dict(seconds=timing.seconds, first_token_s=timing.first_token_s, tokens=len(written), forwards=timing.forwards, ended=time.perf_counter(),
                 exact=written == reference, tau=drafter.stats.tau if drafter is not None else 1.0)

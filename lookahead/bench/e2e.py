@@ -17,7 +17,6 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
 from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 from lookahead.bench.traces import (
-    Task, build_model, describe, force_reference, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
+    Task, build_model, describe, force_reference, forced_options, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
 )
 from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.support import tree_support
@@ -282,8 +281,11 @@ def generate_task(model, task: Task, options: dict, *, forward_time: bool = Fals
     if task.eos_token_id is not None:
         kwargs["eos_token_id"] = task.eos_token_id
     kwargs["pad_token_id"] = kwargs.get("eos_token_id", 0)
-    with force_reference(model, len(task.prompt), task.reference) if task.reference is not None else nullcontext():
+    if task.reference is None:
         out, timing = timed_generate(model, input_ids, kwargs, forward_time=forward_time)
+    else:
+        with force_reference(model, len(task.prompt), task.reference):
+            out, timing = timed_generate(model, input_ids, forced_options(kwargs), forward_time=forward_time)
     return out[0].tolist(), timing
 
 

@@ -6,7 +6,8 @@
 - `force_reference`: forcing in the forward. The model's logits at each position are lifted
   so the reference's next token is the argmax there; nothing is made impossible and no
   logits processor is passed, so every method's loop (transformers' prompt lookup filters
-  its candidates through the processors) runs as it does for a user.
+  its candidates through the processors) runs as it does for a user; `forced_options`: a
+  method's generate() options for a call under it.
 """
 
 import sys
@@ -18,7 +19,7 @@ import torch
 import transformers
 
 from lookahead.bench.replay import load_trace
-from lookahead.integrations import generate as loop
+import lookahead
 
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 # A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
@@ -152,8 +153,9 @@ def force_reference(model, prompt_len: int, reference: list[int]):
 
     A forced model's predictions are not a model's: off the accepted path its top-1 is the
     reference's token for that position, whatever the node's ancestors. So within the block the
-    prediction table learns from the kept path alone (generate.RECORD_REJECTED off); beyond the
-    forced token its top-k is the random model's noise, which can only cost the blend.
+    prediction table learns from the kept path alone (pass the call's options through
+    `forced_options`); beyond the forced token its top-k is the random model's noise, which can
+    only cost the blend.
     """
     target = torch.tensor(reference, dtype=torch.long, device=model.device)  # (n,)
     n = target.shape[0]
@@ -181,10 +183,15 @@ def force_reference(model, prompt_len: int, reference: list[int]):
         return output
 
     handles = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after, with_kwargs=True)]
-    record_rejected, loop.RECORD_REJECTED = loop.RECORD_REJECTED, False
     try:
         yield
     finally:
-        loop.RECORD_REJECTED = record_rejected
         for handle in handles:
             handle.remove()
+
+
+def forced_options(options: dict) -> dict:
+    """A method's model.generate() options for a call under force_reference: through our loop
+    (custom_generate=lookahead.generate) the prediction table learns from the kept path alone
+    (record_rejected=False, see force_reference); any other method's as given."""
+    return options | dict(record_rejected=False) if options.get("custom_generate") is lookahead.generate else options

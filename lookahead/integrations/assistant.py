@@ -56,10 +56,10 @@ class AssistantConfig(SimpleNamespace):
 class TransformersAssistant:
     """A drafter's answers to transformers' assisted loop, and that loop's per-request state.
 
-    The drafter provides `reset(prompt_ids)`, `extend(ids)`, `propose(num_draft_tokens) -> Draft`,
-    `num_draft_tokens`, `max_ngram`, `cost_aware`, `index` (its TokenIndex),
-    `eos_option` / `eos_token_ids` and `stats` (a DraftStats). With `cost_aware`, each
-    draft is cut to what verifying it on the target pays for (lookahead.sizing).
+    The drafter is a LookupDrafter: a draft.DraftSource, driven through the request's state
+    (lookahead.request.Request), and `num_draft_tokens`, `cost_aware`, `eos_option` /
+    `eos_token_ids`, `vocab_size` and `exclusive()`. With `cost_aware`, each draft is cut to
+    what verifying it on the target pays for (lookahead.sizing).
     """
 
     def __init__(self, drafter):

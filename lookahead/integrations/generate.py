@@ -29,8 +29,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 
-from lookahead.draft import DraftStats, StepPlan
-from lookahead.drafter import DEFAULT_MAX_TREE_NODES, LookupDrafter
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, DraftStats, StepPlan
+from lookahead.drafter import LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.hf import (
@@ -52,19 +52,13 @@ from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 # unit of verify cost against sized chains), which a dearer mask path or the host work around
 # it (where the forward is fast) loses; differences within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
-# The prediction table (LookupDrafter(predictions=...)) learns the model's top-k at every entry of a
-# row's block from its last own token on: the kept path and the rejected draft nodes (each
-# predicted given exactly its ancestors, so a true prediction after a context the model may
-# write later). False: the kept path only.
-RECORD_REJECTED = True
 
 
 @dataclass
 class Row:
     """One row of the call: its request, and the row as plain generate holds it."""
 
-    request: Request
-    stats: DraftStats  # the row's request's stats (kept when a finished row's drafter is reset)
+    request: Request  # its stats describe the row, finished or not
     context: list[int]  # left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
@@ -82,13 +76,14 @@ class Options:
     tree: bool | None  # None: the family takes trees; drafted where they cost what chains do (step_trees)
     max_tree_nodes: int
     record: bool  # scores or logits returned (one row)
+    record_rejected: bool  # the prediction table learns at rejected draft nodes too, not only on the kept path
 
 
 def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcessorList | None = None,
              stopping_criteria: StoppingCriteriaList | None = None, generation_config: GenerationConfig | None = None, *,
              drafter: LookupDrafter | None = None, assistant: LookupDrafter | None = None, tree: bool | None = None,
              max_tree_nodes: int = DEFAULT_MAX_TREE_NODES, streamer=None, tokenizer=None, stop_strings: str | list[str] | None = None,
-             **kwargs):
+             record_rejected: bool = True, **kwargs):
     """Generates with drafts verified by `model`, chains or whole trees per forward pass, one row or a batch.
 
     Call it directly, `lookahead.generate(model, input_ids, drafter=LookupDrafter(), max_new_tokens=64)`,
@@ -116,6 +111,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         tokenizer: needed for `stop_strings`.
         stop_strings: stop at the token that completes one, as plain generate does
             (transformers' StopStringCriteria, checked after every token, even mid-block); needs tokenizer.
+        record_rejected: the drafter's prediction table learns the model's top-k at every entry of
+            a row's block from its last own token on: the kept path and the rejected draft nodes
+            (each predicted given exactly its ancestors, so a true prediction after a context the
+            model may write later). False: the kept path only (where the model's predictions off
+            it are not a model's: the bench's forced model, lookahead.bench.traces).
         **kwargs: what model.generate takes (max_new_tokens, eos_token_id, do_sample,
             temperature, top_k, top_p, repetition_penalty, logits processors,
             return_dict_in_generate, output_scores, output_logits, attention_mask, ...).
@@ -138,7 +138,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     drafter = _the_drafter(drafter, assistant, kwargs)
     check_input_ids(input_ids, model)
     if generation_config is None:  # a direct call
-        loop = dict(drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer, tokenizer=tokenizer, stop_strings=stop_strings)
+        loop = dict(drafter=drafter, tree=tree, max_tree_nodes=max_tree_nodes, streamer=streamer, tokenizer=tokenizer, stop_strings=stop_strings,
+                    record_rejected=record_rejected)
         return through_transformers(model, input_ids, loop, logits_processor=logits_processor, stopping_criteria=stopping_criteria, **kwargs)
     prompt_streamed = False
     if streamer is None:  # through custom_generate transformers drops it, having put the prompt already
@@ -148,7 +149,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     refuse_unsupported(model, "lookahead.generate")
     mask = kwargs.get("attention_mask")
     batch = input_ids.shape[0] > 1 or (mask is not None and not bool(mask.all()))
-    options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings)
+    options = _options(model, input_ids, generation_config, stopping_criteria, tree, max_tree_nodes, tokenizer, stop_strings,
+                       record_rejected)
     if batch:
         _check_batch(generation_config, streamer, options)
     pads = (mask == 0).sum(dim=1).tolist() if batch and mask is not None else [0] * input_ids.shape[0]
@@ -163,15 +165,16 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             record, cache = _loop(model, rows, options, loop_costs(model) if drafter.cost_aware else None, streamer, batch=batch)
         if streamer is not None:
             streamer.end()
-        if batch:
+        if batch:  # the call's stats: every row's steps, row after row
+            drafter.stats = DraftStats()
             for row in rows:
-                drafter.stats.add(row.stats)
+                drafter.stats.add(row.request.stats)
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
 
 
 def through_transformers(model, input_ids, loop: dict, **kwargs):
     """Our loop on `input_ids` with `loop`'s options (the drafter, tree, max_tree_nodes, streamer,
-    tokenizer, stop_strings), everything else (kwargs: a generation_config too) prepared by
+    tokenizer, stop_strings, record_rejected), everything else (kwargs: a generation_config too) prepared by
     transformers' generate exactly as for plain generate, which then calls us back. It drops
     `streamer` and `tokenizer` on that path, and refuses stop_strings without a tokenizer, so those
     travel bound to the callback. The class's generate, not the instance's: a model loaded with a
@@ -220,12 +223,12 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             row.context += new
             predicted = None
             if top is not None:  # the block's entries from the row's last own token (u - 1) on, and their top-k
-                entries = path if not RECORD_REJECTED else range(u - 1, len(block.ids[r]))
+                entries = range(u - 1, len(block.ids[r])) if options.record_rejected else path
                 predicted = ([block.ids[r][i] for i in entries], top[r, [i - (u - 1) for i in entries]])
             row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
                 if batch:
-                    row.request.drafter.reset(())  # a batch's row: its prompt and whole output go into the shared memory
+                    row.request.finish()  # a batch's row: its prompt and whole output go into the shared memory
                 continue
             going.append(r)
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
@@ -253,7 +256,7 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
     chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
-    rates = [row.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
+    rates = [row.request.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
     widest = max(sizes)
     if not tree or widest == 0:
@@ -268,13 +271,13 @@ def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], pro
     """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows with its siblings."""
     if not batch:
         drafter.reset(prompts[0])
-        return [Row(Request(drafter, sized=drafter.cost_aware), drafter.stats, list(prompts[0]), 0, row_processors(processors, 0, 1))]
-    drafter.reset(())  # files the drafter's last request into memory; its stats will describe this call
+        return [Row(Request(drafter, sized=drafter.cost_aware), list(prompts[0]), 0, row_processors(processors, 0, 1))]
+    drafter.finish()  # files the drafter's last request into memory, where the rows copy from it
     rows = []
     for i, (prompt, pad) in enumerate(zip(prompts, pads)):
         child = drafter.sibling()
         child.reset(prompt[pad:])
-        rows.append(Row(Request(child, sized=drafter.cost_aware), child.stats, list(prompt), pad, row_processors(processors, i, len(prompts))))
+        rows.append(Row(Request(child, sized=drafter.cost_aware), list(prompt), pad, row_processors(processors, i, len(prompts))))
     return rows
 
 
@@ -306,7 +309,8 @@ def _the_drafter(drafter, assistant, kwargs) -> LookupDrafter:
     return drafter
 
 
-def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings) -> Options:
+def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree, max_tree_nodes: int, tokenizer, stop_strings,
+             record_rejected: bool) -> Options:
     if tree is None:
         tree = None if tree_support(model) is None else False
     elif tree and (reason := tree_support(model)) is not None:
@@ -324,6 +328,7 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
         criteria=[c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))],
         stop=StopStringCriteria(tokenizer, stop_strings) if stop_strings else None,
         record=bool(config.return_dict_in_generate and (config.output_scores or config.output_logits)),
+        record_rejected=bool(record_rejected),
     )
 
 

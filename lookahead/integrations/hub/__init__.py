@@ -19,7 +19,7 @@ from pathlib import Path
 from lookahead.integrations.generate import through_transformers
 
 FOLDER = str(Path(__file__).resolve().parent)  # holds custom_generate/: pass it as custom_generate=, or upload it to a Hub repository
-LOOP_OPTIONS = ("tree", "max_tree_nodes", "streamer", "tokenizer", "stop_strings")  # lookahead.generate's own, besides the drafter
+LOOP_OPTIONS = ("tree", "max_tree_nodes", "streamer", "tokenizer", "stop_strings", "record_rejected")  # lookahead.generate's own, besides the drafter
 
 
 def generate(inputs=None, generation_config=None, logits_processor=None, stopping_criteria=None, *, model, assistant=None,
