@@ -1,11 +1,13 @@
-"""`lookahead replay` over traces carrying the model's top-k (`topk_token_ids`)."""
+"""`lookahead replay` over traces carrying the model's top-k (`topk_token_ids`), and `lookahead bench --write-trace`."""
 
+import functools
 import json
 
 import pytest
 
 from lookahead.bench.cli import main
 from lookahead.bench.replay import drafter_for, load_trace, replay_lookahead
+from tests.models import STORIES
 
 # The sequence 1 7 | 2 9 7 2 4 (prompt | output); row i of the top-k: the next token first, then 8.
 SEQUENCE = [1, 7, 2, 9, 7, 2, 4]
@@ -75,3 +77,49 @@ def test_replay_cli_sources_fresh_and_kept(tmp_path, capsys):
     assert "carries none (topk_token_ids)" in capsys.readouterr().err
     assert main(["replay", str(path), "--drafter", "hf", "--fresh"]) == 2
     assert "options of --drafter lookahead" in capsys.readouterr().err
+
+
+def stories_trace(tmp_path, capsys, requests: int, max_new_tokens: int):
+    if not STORIES.is_dir():
+        pytest.skip(f"{STORIES} is absent (../shared is not laid out beside the project)")
+    path = tmp_path / "stories.jsonl"
+    assert main(["bench", "--write-trace", str(path), "--model", str(STORIES), "--requests", str(requests),
+                 "--max-new-tokens", str(max_new_tokens), "--json"]) == 0
+    return path, json.loads(capsys.readouterr().out)
+
+
+def test_write_trace_top1_is_the_greedy_token(tmp_path, capsys):
+    path, report = stories_trace(tmp_path, capsys, requests=2, max_new_tokens=24)
+    requests = load_trace(path)
+    assert len(requests) == 2 and report["requests"] == 2 and report["top1_disagreements"] == 0
+    for request in requests:
+        prompt_len, output = request.prompt.shape[0], request.output.tolist()
+        assert len(output) == 24 and request.topk.shape == (prompt_len + 24, 8)
+        assert request.topk[prompt_len - 1 : -1, 0].tolist() == output  # the forward's top-1 after each token is what greedy wrote
+
+
+def test_replay_equals_generate_learning_from_the_kept_path(tmp_path, capsys, monkeypatch):
+    # What a trace knows: with the rejected nodes' predictions off, our loop's steps are replay's, step for step. Cases
+    # exact by construction: a tree replay drafts a tree at a request's first step too, where generate's prefill
+    # verifies a chain; so trees from the table alone with a fresh drafter (nothing to draft at the first step either way).
+    import torch
+    import transformers
+
+    import lookahead
+    from lookahead.integrations import generate as generate_module
+
+    path, _ = stories_trace(tmp_path, capsys, requests=3, max_new_tokens=40)
+    requests = load_trace(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    monkeypatch.setattr(generate_module, "RECORD_REJECTED", False)
+    for source, tree, kept in [("lookup", False, True), ("lookup", False, False), ("table", True, False)]:
+        drafter, steps = drafter_for(source, cost_aware=False), 0
+        for request in requests:
+            drafter = drafter if kept else drafter_for(source, cost_aware=False)
+            out = lookahead.generate(model, torch.tensor([request.prompt.tolist()]), drafter=drafter, tree=tree, max_new_tokens=40,
+                                     do_sample=False)
+            assert out[0, request.prompt.shape[0] :].tolist() == request.output.tolist()
+            steps += drafter.stats.steps
+        replayed = replay_lookahead(requests, drafter_for(source) if kept else functools.partial(drafter_for, source), tree=tree)
+        assert replayed["steps"] == steps, (source, tree, kept)
+    assert replayed["steps"] < 3 * 40  # the table drafted, and some of it was kept

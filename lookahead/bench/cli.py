@@ -95,6 +95,10 @@ def add_bench_arguments(parser) -> None:
                         help="with --model: tokens per step of lookup alone, the model's own predictions alone and their blend, "
                              "unsized, greedy and sampled, one drafter kept and a fresh one per request (built-in story openings "
                              "or --prompts, one text a line)")
+    parser.add_argument("--write-trace", type=Path, default=None,
+                        help="with --model: write a trace to this file (JSON lines, see lookahead/bench/replay.py) of the model's "
+                             "greedy outputs with its top-8 ids at every position, for `lookahead replay` (built-in story "
+                             "openings or --prompts; --requests, --max-new-tokens)")
     parser.add_argument("--time-blend", action="store_true", help="with --blend: also ms per new token of the default drafter with and without predictions")
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
@@ -125,14 +129,17 @@ def run_bench(args) -> int:
         raise ValueError("--fresh-kernels is an option of --cold")
     modes = [flag for flag, on in (("--batch", args.batch is not None), ("--cold", args.cold), ("--loop-overhead", args.loop_overhead),
                                    ("--context", args.context is not None), ("--overhead", args.overhead),
-                                   ("--documents", args.documents), ("--blend", args.blend)) if on]
+                                   ("--documents", args.documents), ("--blend", args.blend),
+                                   ("--write-trace", args.write_trace is not None)) if on]
     if len(modes) > 1:
         raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
     if modes and modes[0] in ("--batch", "--cold", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, blend, cold, e2e, long_context, loop_overhead
+    from lookahead.bench import batched, blend, cold, e2e, long_context, loop_overhead, write_trace
 
+    if args.write_trace is not None:
+        return write_trace.run_write_trace(args)
     if args.blend:
         return blend.run_blend_bench(args)
     if args.batch is not None:
