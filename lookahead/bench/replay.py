@@ -15,8 +15,9 @@ a real model. With them, replay feeds the drafter's prediction table as `lookahe
 does, for what a trace knows: each step records the top-k at the block entries on the kept
 path (the token before the step's first written token, then each written token but the
 last). The rejected draft nodes' predictions are not in a trace (the model never ran on
-them), so replayed blend τ is a lower bound of the loop's, which learns from them too
-(generate.RECORD_REJECTED).
+them), so replay's table learns from the kept path only, where the loop learns from them
+too (generate.RECORD_REJECTED): replayed blend τ is below the loop's on stories260K, though
+not a bound in every case (docs/benchmarks.md, the replay section).
 """
 
 import json
