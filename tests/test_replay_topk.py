@@ -79,6 +79,15 @@ def test_replay_cli_sources_fresh_and_kept(tmp_path, capsys):
     assert "options of --drafter lookahead" in capsys.readouterr().err
 
 
+def test_write_trace_needs_a_model_and_one_mode(tmp_path, capsys):
+    out = str(tmp_path / "out.jsonl")
+    assert main(["bench", "--write-trace", out]) == 2
+    assert "--write-trace runs a real model: give --model" in capsys.readouterr().err
+    assert main(["bench", "--write-trace", out, "--blend", "--model", "m"]) == 2
+    assert "--blend and --write-trace: one bench mode at a time" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def stories_trace(tmp_path, capsys, requests: int, max_new_tokens: int):
     if not STORIES.is_dir():
         pytest.skip(f"{STORIES} is absent (../shared is not laid out beside the project)")
