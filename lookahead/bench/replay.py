@@ -144,8 +144,8 @@ def drafter_for(source: str, **options) -> LookupDrafter:
     return drafter
 
 
-def replay_lookahead(requests, drafter: LookupDrafter | Callable[[], LookupDrafter], *, tree: bool = False, max_tree_nodes: int = 64, costs: np.ndarray | None = None,
-                     progress: str | None = None) -> dict:
+def replay_lookahead(requests, drafter: LookupDrafter | Callable[[], LookupDrafter], *, tree: bool = False, max_tree_nodes: int = 64,
+                     costs: np.ndarray | None = None, progress: str | None = None) -> dict:
     """Replays `requests` in order through `drafter`; returns the summed counts and drafting time.
 
     `drafter`: one LookupDrafter for every request (its memory and prediction table kept
@@ -177,7 +177,7 @@ def replay_lookahead(requests, drafter: LookupDrafter | Callable[[], LookupDraft
             if curve is not None:
                 cost += float(curve.cost(1, len(draft) + 1))
             predicted = None
-            if topk is not None:  # the kept path's block entries (sequence positions): the step's last own token, then the kept drafted ones
+            if topk is not None:  # the kept path's block entries (positions in sequence): the last own token, the kept drafted ones
                 entries = np.arange(max(prompt_len + pos - 1, 0), prompt_len + pos + kept)
                 predicted = (sequence[entries], topk[entries])
             start = time.perf_counter()
