@@ -279,7 +279,7 @@ class LookupDrafter:
         finally:
             self._held.release()
 
-    def reset(self, prompt_ids) -> None:
+    def reset(self, prompt_ids=()) -> None:
         """Starts a new request, in this thread: finishes the old one (`finish`), indexes `prompt_ids`, starts `stats` afresh.
 
         Raises:

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 import lookahead
-from lookahead import LookupDrafter
+from lookahead.bench.replay import SOURCES, drafter_for
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.traces import load_model, parse_dtypes
 
@@ -55,15 +55,7 @@ STORY_OPENINGS = [
     "There was a shy owl who lived in an old tree.",
     "Once upon a time, a little girl wanted to find a treasure.",
 ]
-SOURCES = ("lookup", "table", "blend")
 TEMPERATURE = 0.8
-
-
-def drafter_for(source: str, **options) -> LookupDrafter:
-    """A drafter drafting from `source`: lookup alone, the prediction table alone, or both (the default)."""
-    drafter = LookupDrafter(predictions=source != "lookup", **options)
-    drafter.lookup = source != "table"
-    return drafter
 
 
 def prompt_ids(tokenizer, texts: list[str]) -> list[torch.Tensor]:

@@ -5,12 +5,14 @@ modes (torch, transformers) are imported when `bench` runs.
 """
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
 
-from lookahead import LookupDrafter
-from lookahead.bench.replay import TRACE_VOCAB_SIZE, load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result
+from lookahead.bench.replay import (
+    SOURCES, TRACE_VOCAB_SIZE, drafter_for, load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result,
+)
 from lookahead.bench.tables import format_table
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
@@ -29,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--max-ngram", type=int, default=None, help="longest suffix tried (default: the drafter's)")
     replay.add_argument("--draft-factor", type=float, default=None, help="draft at most factor x match_len tokens (default: the drafter's)")
     replay.add_argument("--no-memory", action="store_true", help="no cross-request memory (default: earlier requests of the run)")
+    replay.add_argument("--fresh", action="store_true",
+                        help="a fresh drafter per request: neither memory nor prediction table kept (default: one drafter for a file)")
+    replay.add_argument("--source", choices=SOURCES, default=None,
+                        help="draft from lookup alone, the model's predictions alone (traces with topk_token_ids) or both "
+                             "(default: blend; without topk_token_ids the table stays empty, so lookup's drafts)")
     replay.add_argument("--tree", action="store_true", help="draft trees; a step keeps the longest root path the trace follows")
     replay.add_argument("--max-tree-nodes", type=int, default=64, help="tree size limit with --tree")
     replay.add_argument("--hf-ngram", type=int, default=3, help="transformers' max_matching_ngram_size")
@@ -88,6 +95,10 @@ def add_bench_arguments(parser) -> None:
                         help="with --model: tokens per step of lookup alone, the model's own predictions alone and their blend, "
                              "unsized, greedy and sampled, one drafter kept and a fresh one per request (built-in story openings "
                              "or --prompts, one text a line)")
+    parser.add_argument("--write-trace", type=Path, default=None,
+                        help="with --model: write a trace to this file (JSON lines, see lookahead/bench/replay.py) of the model's "
+                             "greedy outputs with its top-8 ids at every position, for `lookahead replay` (built-in story "
+                             "openings or --prompts; --requests, --max-new-tokens)")
     parser.add_argument("--time-blend", action="store_true", help="with --blend: also ms per new token of the default drafter with and without predictions")
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
@@ -118,14 +129,17 @@ def run_bench(args) -> int:
         raise ValueError("--fresh-kernels is an option of --cold")
     modes = [flag for flag, on in (("--batch", args.batch is not None), ("--cold", args.cold), ("--loop-overhead", args.loop_overhead),
                                    ("--context", args.context is not None), ("--overhead", args.overhead),
-                                   ("--documents", args.documents), ("--blend", args.blend)) if on]
+                                   ("--documents", args.documents), ("--blend", args.blend),
+                                   ("--write-trace", args.write_trace is not None)) if on]
     if len(modes) > 1:
         raise ValueError(f"{' and '.join(modes)}: one bench mode at a time")
     if modes and modes[0] in ("--batch", "--cold", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
-    from lookahead.bench import batched, blend, cold, e2e, long_context, loop_overhead
+    from lookahead.bench import batched, blend, cold, e2e, long_context, loop_overhead, write_trace
 
+    if args.write_trace is not None:
+        return write_trace.run_write_trace(args)
     if args.blend:
         return blend.run_blend_bench(args)
     if args.batch is not None:
@@ -146,18 +160,28 @@ def run_replay(args) -> int:
         raise ValueError(f"--max-tree-nodes must be >= 1, got {args.max_tree_nodes}")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    if args.drafter == "hf" and (args.source is not None or args.fresh):
+        raise ValueError("--source and --fresh are options of --drafter lookahead")
+    source = args.source or "blend"
     costs = parse_costs(args.costs) if args.costs is not None else None
     results = []
     for path in args.files:
         requests = load_trace(path)[: args.limit]
         name = path.name
         if args.drafter == "lookahead":
+            topk = any(r.topk is not None for r in requests)
+            if source == "table" and not topk:
+                raise ValueError(f"--source table drafts from the model's predictions, and {path} carries none (topk_token_ids)")
             options = dict(num_draft_tokens=args.num_draft_tokens, min_ngram=args.min_ngram, max_ngram=args.max_ngram,
                            draft_factor=args.draft_factor)
-            drafter = LookupDrafter(memory=not args.no_memory, **{k: v for k, v in options.items() if v is not None})
+            options = dict(memory=not args.no_memory, **{k: v for k, v in options.items() if v is not None})
+            drafter = drafter_for(source, **options)
             label = (f"lookahead k={drafter.num_draft_tokens} ngram={drafter.min_ngram}..{drafter.max_ngram} "
                      f"factor={drafter.draft_factor:g}")
-            label += " no-memory" * args.no_memory + f" tree<={args.max_tree_nodes}" * args.tree + f" costs={args.costs}" * (costs is not None)
+            label += " no-memory" * args.no_memory + " fresh" * args.fresh + f" {source}" * (topk or args.source is not None)
+            label += f" tree<={args.max_tree_nodes}" * args.tree + f" costs={args.costs}" * (costs is not None)
+            if args.fresh:
+                drafter = functools.partial(drafter_for, source, **options)
             counts = replay_lookahead(requests, drafter, tree=args.tree, max_tree_nodes=args.max_tree_nodes, costs=costs, progress=name)
         else:
             num_draft_tokens = args.num_draft_tokens or 16

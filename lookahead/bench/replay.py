@@ -6,10 +6,23 @@ so replaying a trace gives a drafter's exact τ without running the model.
 A trace file is JSON lines, each with `prompt_token_ids` and `generated_token_ids` (lists
 of ints); `acc_ngram.acc_len[i]` (optional) is a recorded reference: the tokens a verify
 step starting at output position i produced with vLLM's n-gram proposer.
+
+`topk_token_ids` (optional) carries the model's predictions: one row per token of
+prompt + output, row i the k ids the model ranked likeliest after tokens[: i + 1] (k the
+same for every row, ids distinct, likeliest first; so under greedy the first id of row
+len(prompt) - 1 + j is output[j]). `lookahead bench --write-trace` writes such traces from
+a real model. With them, replay feeds the drafter's prediction table as `lookahead.generate`
+does, for what a trace knows: each step records the top-k at the block entries on the kept
+path (the token before the step's first written token, then each written token but the
+last). The rejected draft nodes' predictions are not in a trace (the model never ran on
+them), so replay's table learns from the kept path only, where the loop learns from them
+too (`lookahead.generate(..., record_rejected=True)`, the default): replayed blend τ is below the loop's on stories260K, though
+not a bound in every case (docs/benchmarks.md, the replay section).
 """
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +36,7 @@ from lookahead.sizing.cost import SIZES, CostCurve, cost_curve
 
 
 TRACE_VOCAB_SIZE = 128_256  # Llama-3's tokenizer, which wrote ../shared/traces
+SOURCES = ("lookup", "table", "blend")  # what a drafter drafts from: lookup alone, the prediction table alone, both (the default)
 
 
 class TraceError(ValueError):
@@ -34,6 +48,7 @@ class TraceRequest:
     prompt: np.ndarray  # (prompt_len,) int64
     output: np.ndarray  # (output_len,) int64, the model's greedy output
     recorded_acc_len: np.ndarray | None  # (output_len,) tokens per step from each position, or None
+    topk: np.ndarray | None = None  # (prompt_len + output_len, k) int64: topk[i] the model's likeliest ids after token i, or None
 
 
 @dataclass
@@ -77,7 +92,8 @@ def load_trace(path: str | Path) -> list[TraceRequest]:
                 acc_len = np.asarray(acc_len, dtype=np.int64)
                 if acc_len.shape[0] < output.shape[0] or (acc_len[: output.shape[0]] < 1).any():
                     acc_len = None  # not usable as a reference; the replay itself does not need it
-            requests.append(TraceRequest(prompt, output, acc_len))
+            topk = _topk_rows(row, prompt.shape[0] + output.shape[0], where) if "topk_token_ids" in row else None
+            requests.append(TraceRequest(prompt, output, acc_len, topk))
     if not requests:
         raise TraceError(f"{path}: no requests (empty file)")
     return requests
@@ -97,22 +113,59 @@ def _token_list(row: dict, key: str, where: str) -> np.ndarray:
     return np.asarray(value, dtype=np.int64)
 
 
-def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, max_tree_nodes: int = 64, costs: np.ndarray | None = None,
-                     progress: str | None = None) -> dict:
+def _topk_rows(row: dict, positions: int, where: str) -> np.ndarray:
+    """`topk_token_ids` as a (positions, k) int64 array: k >= 1 distinct non-negative ids per row, one row per token."""
+    value = row["topk_token_ids"]
+    if not isinstance(value, list) or len(value) != positions:
+        got = f"{len(value)} rows" if isinstance(value, list) else type(value).__name__
+        raise TraceError(f"{where}: 'topk_token_ids' must hold one row per prompt and output token ({positions}), got {got}")
+    k = len(value[0]) if value and isinstance(value[0], list) else 0
+    for pos, ids in enumerate(value):
+        if not isinstance(ids, list) or len(ids) != k or not k or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TraceError(f"{where}: 'topk_token_ids'[{pos}] must be a list of k integer token ids (k >= 1, as many in "
+                             f"every row; row 0 has {k})")
+        bad = next((t for t in ids if t < 0 or t > MAX_TOKEN_ID), None)
+        if bad is not None:
+            raise TraceError(f"{where}: 'topk_token_ids'[{pos}] holds token id {bad}, outside [0, {MAX_TOKEN_ID}]")
+    topk = np.asarray(value, dtype=np.int64).reshape(positions, max(k, 1))
+    ranked = np.sort(topk, axis=1)
+    repeated = np.flatnonzero((ranked[:, 1:] == ranked[:, :-1]).any(axis=1))
+    if repeated.shape[0]:
+        raise TraceError(f"{where}: 'topk_token_ids'[{repeated[0]}] names an id twice: {value[repeated[0]]}")
+    return topk
+
+
+def drafter_for(source: str, **options) -> LookupDrafter:
+    """A drafter drafting from `source` (SOURCES): lookup alone, the prediction table alone, or both (the default)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    drafter = LookupDrafter(predictions=source != "lookup", **options)
+    drafter.lookup = source != "table"
+    return drafter
+
+
+def replay_lookahead(requests, drafter: LookupDrafter | Callable[[], LookupDrafter], *, tree: bool = False, max_tree_nodes: int = 64,
+                     costs: np.ndarray | None = None, progress: str | None = None) -> dict:
     """Replays `requests` in order through `drafter`; returns the summed counts and drafting time.
 
-    With `tree`, each step drafts a tree (at most max_tree_nodes tokens) and keeps the longest
-    root path that the recorded output follows. With `costs` (cost[n]: verifying n tokens
-    relative to 1, as lookahead.verify_costs), drafts are sized as our engine sizes
-    them and `cost` sums the modelled verify cost of every step.
+    `drafter`: one LookupDrafter for every request (its memory and prediction table kept
+    across them), or a function returning a fresh one per request. With `tree`, each step
+    drafts a tree (at most max_tree_nodes tokens) and keeps the longest root path that the
+    recorded output follows. With `costs` (cost[n]: verifying n tokens relative to 1, as
+    lookahead.verify_costs), drafts are sized as our engine sizes them and `cost` sums the
+    modelled verify cost of every step. A request with `topk` feeds the drafter's prediction
+    table the kept path's top-k after each step (see the module docstring).
     """
     steps = drafted = accepted = tokens = 0
     seconds = cost = 0.0
     curve = CostCurve(costs) if costs is not None else None
-    state = Request(drafter, sized=costs is not None)
+    state = Request(drafter, sized=costs is not None) if isinstance(drafter, LookupDrafter) else None
     for request in tqdm(requests, desc=progress, disable=progress is None, leave=False):
-        output = request.output
+        output, topk, prompt_len = request.output, request.topk, request.prompt.shape[0]
+        if not isinstance(drafter, LookupDrafter):
+            state = Request(drafter(), sized=costs is not None)
         state.start(request.prompt)  # per-request setup: not a step's cost
+        sequence = np.concatenate([request.prompt, output]) if topk is not None else None  # (prompt_len + output_len,)
         pos = 0
         while pos < output.shape[0]:
             start = time.perf_counter()
@@ -123,8 +176,12 @@ def replay_lookahead(requests, drafter: LookupDrafter, *, tree: bool = False, ma
             step = kept + 1  # the model's own token after the kept prefix
             if curve is not None:
                 cost += float(curve.cost(1, len(draft) + 1))
+            predicted = None
+            if topk is not None:  # the kept path's block entries (positions in sequence): the last own token, the kept drafted ones
+                entries = np.arange(max(prompt_len + pos - 1, 0), prompt_len + pos + kept)
+                predicted = (sequence[entries], topk[entries])
             start = time.perf_counter()
-            state.verified(output[pos : pos + step])
+            state.verified(output[pos : pos + step], predicted=predicted)
             seconds += time.perf_counter() - start
             steps, drafted, accepted, tokens, pos = steps + 1, drafted + len(draft), accepted + kept, tokens + step, pos + step
     return dict(steps=steps, drafted=drafted, accepted=accepted, tokens=tokens, seconds=seconds, cost=cost)
