@@ -339,6 +339,11 @@ class LookupDrafter:
             if len(self.index) > start:
                 self.lead_chances.written(int(self.index.tokens[start]))
 
+    def reads_predictions(self, *, tree: bool) -> bool:
+        """Whether drafts of this kind (trees, or plain chains) read the prediction table: a loop that
+        drafts only chains need not compute the model's top-k for it (PREDICTION_CHAIN_NODES is 0)."""
+        return self.predictions is not None and (tree or PREDICTION_CHAIN_NODES > 0)
+
     def record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` (block entries of a verified step):
         (n,) ids and (n, k) ids, likeliest first. Call after `extend` with the step's tokens."""

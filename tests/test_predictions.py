@@ -223,11 +223,14 @@ def assert_top_k_of_the_block(model, prompt, output, calls):
         position += kept + 1  # the kept drafts and the model's own token
 
 
-def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included():
+def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included(monkeypatch):
     import torch
 
+    from lookahead import drafter as drafter_module
     from lookahead import generate
     from tests.models import stories_model
+
+    monkeypatch.setattr(drafter_module, "PREDICTION_CHAIN_NODES", 8)  # chains read the table: their blocks are recorded
 
     model = stories_model()
     table = RecordingTable()
@@ -241,11 +244,14 @@ def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_
     assert_top_k_of_the_block(model, prompt, output, table.calls)  # the first step's from the prompt's last token on
 
 
-def test_record_rejected_off_records_the_kept_path_alone():
+def test_record_rejected_off_records_the_kept_path_alone(monkeypatch):
     import torch
 
+    from lookahead import drafter as drafter_module
     from lookahead import generate
     from tests.models import stories_model
+
+    monkeypatch.setattr(drafter_module, "PREDICTION_CHAIN_NODES", 8)  # chains read the table: their blocks are recorded
 
     model = stories_model()
     table = RecordingTable()
@@ -258,7 +264,7 @@ def test_record_rejected_off_records_the_kept_path_alone():
     assert [len(inputs) for inputs, _ in table.calls] == [kept + 1 for kept in drafter.stats.accepted_per_step]
 
 
-def test_nothing_is_computed_for_the_table_when_predictions_are_off(monkeypatch):
+def test_nothing_is_computed_for_the_table_when_predictions_are_off_or_no_draft_reads_it(monkeypatch):
     import torch
 
     from lookahead import generate
@@ -272,5 +278,6 @@ def test_nothing_is_computed_for_the_table_when_predictions_are_off(monkeypatch)
     model = stories_model()
     drafter = LookupDrafter(predictions=False, cost_aware=False)
     generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=drafter, max_new_tokens=8, do_sample=False)
+    generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), tree=False, max_new_tokens=8, do_sample=False)
     with pytest.raises(AssertionError, match="top_ids called"):
         generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), max_new_tokens=8, do_sample=False)

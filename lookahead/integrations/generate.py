@@ -200,8 +200,11 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
                             cache, uncached=u, dtype=dtype)
         logits, first_logit = forward_block(model, block, cache, logits_to_keep, device)
+        # The model's top-k (a top-k over rows x entries x vocab) only where the call's drafts read the table:
+        # a plain chain takes none of it, so chains alone (tree=False, or tree=None decided against trees) skip it.
         table = active[0].request.drafter.predictions  # siblings share their parent's
-        top = top_ids(logits, u - 1 - first_logit, table.k) if table is not None else None  # (rows, entries from u - 1, k)
+        learn = active[0].request.drafter.reads_predictions(tree=step_trees(options.tree, costs, len(active)))
+        top = top_ids(logits, u - 1 - first_logit, table.k) if learn else None  # (rows, entries from u - 1, k)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
