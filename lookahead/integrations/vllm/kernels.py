@@ -137,7 +137,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
     out_match[r] tokens, each kept with chance out_chance[r]. Returns whether any row drafted.
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
-    extended slot's buffers for its new tokens (SlotBuffers.reserve).
+    extended slot's buffers for its new tokens (room_and_growth, SlotBuffers.reserve).
     """
     min_ngram, max_ngram, draft_factor, has_memory = options
     token, parent, weight, child, sibling, _, _ = trie
@@ -284,22 +284,37 @@ def stale_rows(rows_slot, num_tokens, token_ids, copied, last_token, first_token
 
 @njit(cache=True)
 def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, token_capacity, used, indexed,
-                    table_capacity, grams, max_load, room):
+                    table_capacity, grams, max_load, growth, room, new_tokens, new_table):
     """room[r]: the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
-    discarded); returns (decode rows, whether some slot's buffers must grow first: SlotBuffers.reserve)."""
+    discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before
+    `advance` writes it (0: big enough), which SlotBuffers.reserve allocates. Returns (decode
+    rows, rows whose slot must grow).
+
+    The growth rule (TokenIndex's): the tokens grow by `growth` or to n + 1, whichever is more;
+    a drafting row's table holds used + (tokens not yet indexed) * grams slots at most, kept at
+    most `max_load` full by growing by `growth`.
+    """
     decode = 0
-    grow = False
+    grows = 0
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
         room[r] = min(k, max_model_len - n) if num_sampled[r] > 0 else 0
+        new_tokens[r] = 0
+        new_table[r] = 0
         if n > token_capacity[s]:
-            grow = True
+            new_tokens[r] = max(int(token_capacity[s] * growth), n + 1)
         if room[r] > 0:
             decode += 1
-            if used[s] + max(n - indexed[s], 0) * grams > max_load * table_capacity[s]:
-                grow = True
-    return decode, grow
+            need = used[s] + max(n - indexed[s], 0) * grams
+            if need > max_load * table_capacity[s]:
+                capacity = table_capacity[s]
+                while need > max_load * capacity:
+                    capacity = int(capacity * growth)
+                new_table[r] = capacity
+        if new_tokens[r] or new_table[r]:
+            grows += 1
+    return decode, grows
 
 
 @njit(cache=True)

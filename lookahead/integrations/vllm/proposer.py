@@ -137,32 +137,24 @@ class SlotBuffers:
         """The slot's copied tokens (a view)."""
         return self._arrays[s][0][: self.copied[s]]
 
-    def reserve(self, slots: np.ndarray, num_tokens: np.ndarray, indexing: np.ndarray) -> None:
-        """Grows the buffers of `slots` for rows of num_tokens tokens (and their tables, where `indexing`);
-        the step calls it only where kernels.room_and_growth finds a slot too small."""
+    def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
+        """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):
+        the capacities kernels.room_and_growth found the step needs (the growth rule is there)."""
         arrays = self._arrays
-        for r in np.flatnonzero(num_tokens > self.token_capacity[slots]).tolist():
-            s = int(slots[r])
-            capacity = max(int(arrays[s][0].shape[0] * _GROWTH), int(num_tokens[r]) + 1)
+        for r in np.flatnonzero(new_tokens).tolist():
+            s, capacity = int(slots[r]), int(new_tokens[r])
+            copied = self.copied[s]
             for i in (0, 1):
                 grown = np.zeros(capacity, dtype=np.int32)
-                grown[: self.copied[s]] = arrays[s][i][: self.copied[s]]
+                grown[:copied] = arrays[s][i][:copied]
                 arrays[s][i] = grown
             self.tokens[s], self.prev[s] = arrays[s][0], arrays[s][1]
             self.token_capacity[s] = capacity
-        if not indexing.any():
-            return
-        grams = self.max_ngram - self.min_ngram + 1
-        rows = np.flatnonzero(indexing)
-        need = self.used[slots[rows]] + np.maximum(num_tokens[rows] - self.indexed[slots[rows]], 0) * grams
-        caps = self.table_capacity[slots[rows]]
-        for i in np.flatnonzero(need > _MAX_LOAD * caps).tolist():
-            s = int(slots[rows[i]])
-            capacity = int(caps[i])
-            while need[i] > _MAX_LOAD * capacity:
-                capacity = int(capacity * _GROWTH)
+        for r in np.flatnonzero(new_table).tolist():
+            s, capacity = int(slots[r]), int(new_table[r])
             table = np.full(capacity, EMPTY, dtype=np.int32)
-            self.used[s] = rehash(arrays[s][0], arrays[s][2], table)
+            if self.used[s]:  # a fresh slot's table is empty: nothing to move
+                self.used[s] = rehash(arrays[s][0], arrays[s][2], table)
             arrays[s][2] = table
             self.table[s] = table
             self.table_capacity[s] = capacity
@@ -282,6 +274,8 @@ class LookupProposer:
         self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
         self._room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
         self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
+        self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
+        self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
@@ -353,11 +347,12 @@ class LookupProposer:
 
         s = self.slots
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
-        decode, grow = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
-                                               s.token_capacity, s.used, s.indexed, s.table_capacity,
-                                               s.max_ngram - s.min_ngram + 1, _MAX_LOAD, room)
-        if grow:
-            s.reserve(slots, num_tokens, room > 0)  # the most the kernel may write
+        new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
+        decode, grows = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
+                                                s.token_capacity, s.used, s.indexed, s.table_capacity,
+                                                s.max_ngram - s.min_ngram + 1, _MAX_LOAD, _GROWTH, room, new_tokens, new_table)
+        if grows:
+            s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
         h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
         bar = decode / (h + d + decode) if self.options["cost_aware"] and decode else -1.0
