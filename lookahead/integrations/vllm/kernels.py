@@ -321,8 +321,10 @@ def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, token_
 def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
     """Counts the drafts a step verified as vLLM's metrics do: ours where learnt from (status LEARNT,
     verified[r] > 0), vLLM's own (theirs[r] > 0); num_sampled[r] - 1 of each accepted.
-    counts += (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
-    per_pos[p] += drafts with more than p tokens accepted."""
+    counts = (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
+    per_pos[p] = drafts with more than p tokens accepted. Returns whether any count is not 0."""
+    counts[:] = 0
+    per_pos[:] = 0
     for r in range(status.shape[0]):
         if status[r] == DISCARDED:
             counts[4] += 1
@@ -336,16 +338,23 @@ def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
         counts[2] += accepted
         for p in range(min(accepted, per_pos.shape[0])):
             per_pos[p] += 1
+    return counts[0] > 0 or counts[4] > 0
 
 
 @njit(cache=True)
 def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, plan_len, plan_size, plan_match, plan_pos, plan_ids):
-    """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent."""
+    """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent.
+    Returns (tokens drafted, tokens sent) over the rows."""
+    drafted = 0
+    sent = 0
     for r in range(rows_slot.shape[0]):
         length = out_len[r]
         if length == 0:
             continue
+        drafted += length
+        sent += sizes[r]
         s = rows_slot[r]
         plan_len[s], plan_size[s], plan_match[s], plan_pos[s] = length, sizes[r], out_match[r], num_tokens[r]
         for j in range(length):
             plan_ids[s, j] = out_ids[r, j]
+    return drafted, sent

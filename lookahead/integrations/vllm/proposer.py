@@ -276,6 +276,8 @@ class LookupProposer:
         self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
         self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
+        self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (_verified)
+        self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of vLLM's own draft it verified
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
@@ -376,9 +378,8 @@ class LookupProposer:
         self.stats.skipped_steps += decode > 0 and not drafting
 
         lengths, sizes = self._out_len[:num_rows], self._sizes[:num_rows]
-        if not drafting:
-            sizes[:] = 0
-        elif self.options["cost_aware"]:
+        sent_tokens = 0
+        if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
             taken, expected = kernels.batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
             if taken:
@@ -387,19 +388,19 @@ class LookupProposer:
                         or (self.gate is not None and not self.gate.allows(decode))):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
-        else:
+        elif drafting:
             sizes[:] = lengths
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
-            kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
-                           s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
-            sent = np.flatnonzero(sizes)
-            if sent.shape[0]:
-                ids, slot_of, size_of = self._out_ids[:num_rows].tolist(), slots.tolist(), sizes.tolist()
-                for row in sent.tolist():
-                    out[row] = self._sent[slot_of[row]] = ids[row][: size_of[row]]
-            self.stats.cut_tokens += int(lengths.sum() - sizes.sum())
+            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
+                                                  s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
+            if sent_tokens:
+                sent = np.flatnonzero(sizes)
+                ids, slot_of, size_of = self._out_ids[sent].tolist(), slots[sent].tolist(), sizes[sent].tolist()
+                for i, row in enumerate(sent.tolist()):
+                    out[row] = self._sent[slot_of[i]] = ids[i][: size_of[i]]
+            self.stats.cut_tokens += drafted - sent_tokens
 
         if self._finished:
             self._file_finished()
@@ -408,7 +409,6 @@ class LookupProposer:
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()]
-        sent_tokens = int(sizes.sum())
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
         self._last_keys = set(keys)
         return out
@@ -498,23 +498,29 @@ class LookupProposer:
         ran in the step before (a preempted request sits out at least one step).
         """
         num_rows = len(keys)
-        ours, theirs = np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=np.int64)
+        ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
+        ours[:] = 0
+        theirs[:] = 0
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= num_rows
         sent_of = self._sent
-        if by_runner:
-            rows = [row for row in range(num_rows) if spec[row]]  # the rows whose step verified any drafted token
+        if by_runner:  # the rows whose step verified any drafted token (vLLM's lists, read in place)
+            rows = [row for row, ids in enumerate(spec[:num_rows]) if ids]
+        elif sent_of:
+            rows = [row for row, s in enumerate(slots.tolist()) if s in sent_of]
         else:
-            rows = [row for row in range(num_rows) if int(slots[row]) in sent_of] if sent_of else []
+            rows = []
+        if not rows:
+            return ours, theirs
+        slot_of, n_of = slots.tolist(), num_tokens.tolist()
         plan_pos = self.slots.plan_pos
         for row in rows:
-            s = int(slots[row])
-            sent = sent_of.get(s, ())
-            moved = bool(sent) and int(num_tokens[row]) == plan_pos[s] + len(sampled[row])
+            sent = sent_of.get(slot_of[row], ())
+            moved = bool(sent) and n_of[row] == int(plan_pos[slot_of[row]]) + len(sampled[row])
             if not by_runner:
                 ours[row] = len(sent) if moved and keys[row] in self._last_keys else 0
                 continue
-            checked = len(spec[row])  # vLLM's list of this step's drafted tokens, read in place
+            checked = len(spec[row])
             if moved and spec[row] == sent[:checked]:
                 ours[row] = checked
             elif sampled[row]:
@@ -524,9 +530,7 @@ class LookupProposer:
     def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
         """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
         counts, per_pos = self._counts, self._per_pos
-        counts[:], per_pos[:] = 0, 0
-        kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
-        if not counts.any():
+        if not kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos):
             return
         s = self.stats
         drafts, draft_tokens, accepted, vllm_drafts, discarded = counts.tolist()
