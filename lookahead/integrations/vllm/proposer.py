@@ -31,6 +31,7 @@ requests), so state is keyed by request, never by row:
 vLLM is not imported here: it builds this class and hands it plain arrays.
 """
 
+import contextlib
 import queue
 import sys
 import threading
@@ -362,18 +363,13 @@ class LookupProposer:
         memory = self.memory
         if self._filing is not None:
             self._filing.wait()  # the requests finished before the last step are in memory
-        if memory is not None:
-            memory._lock.acquire()  # the memory's index is read in the kernel (nothing else writes it meanwhile)
-        try:
-            memory_index = tuple(memory._index.buffers()) if memory is not None else self._no_memory
+        # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
+        with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting = kernels.advance(slots, num_tokens, num_sampled, verified, room, bar, force, token_ids,
                             s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
                             s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
                             self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
                             self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
-        finally:
-            if memory is not None:
-                memory._lock.release()
         self._count_step(num_rows, verified, theirs, num_sampled)
         self.stats.skipped_steps += decode > 0 and not drafting
 
@@ -478,7 +474,8 @@ class LookupProposer:
         if doc is None:
             doc = self._doc_ids[id(store)] = len(self._doc_stores)
             self._doc_stores.append(store)
-            self._docs.append(tuple(store._index.buffers()))
+            with store.reading() as index:  # a documents store is not added to once loaded
+                self._docs.append(index)
         return doc
 
     def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
