@@ -21,8 +21,8 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the
 chain is drafted as `LookupDrafter.propose` drafts it, through the same index and trie
-kernels); `size_and_commit` then cuts the chains to the load rule (`batch_draft_sizes`) and
-records the plans. tests/test_vllm.py checks both against the Python classes they follow.
+kernels); sizing.rules.batch_sizes (batch_draft_sizes' kernel) then cuts the chains to the load
+rule and `commit` records the plans. tests/test_vllm.py checks both against the Python classes they follow.
 """
 
 import math
@@ -222,47 +222,6 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
         if length:
             out_chance[r] = keep_chance(keep, overall, s, anchored)
     return drafted
-
-
-@njit(cache=True)
-def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
-    """sizing.rules.batch_draft_sizes over arrays for a step of `rows` decode rows: writes sizes[r];
-    returns (drafted tokens taken, of them expected kept).
-
-    Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
-    likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
-    Rows without a chain (lengths[r] == 0) are counted only in `rows`.
-    """
-    total = 0
-    for r in range(chances.shape[0]):
-        sizes[r] = 0
-        total += lengths[r]
-    if total == 0:
-        return 0, 0.0
-    gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
-    owner = np.empty(total, dtype=np.int64)
-    t = 0
-    for r in range(chances.shape[0]):
-        a = min(chances[r], MAX_CHANCE)
-        g = 1.0
-        for _ in range(lengths[r]):
-            g *= a
-            gains[t] = g
-            owner[t] = r
-            t += 1
-    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row-major order
-    expected = float(rows)
-    verified = float(rows)
-    taken = 0
-    for i in range(total):
-        gain = gains[order[i]]
-        if gain <= expected / (fixed_cost_tokens + verified):
-            break
-        sizes[owner[order[i]]] += 1
-        expected += gain
-        verified += 1.0
-        taken += 1
-    return taken, expected - rows
 
 
 @njit(cache=True)

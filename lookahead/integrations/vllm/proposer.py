@@ -22,7 +22,7 @@ requests), so state is keyed by request, never by row:
   plan), walked for all rows at once by kernels.advance, which does what lookahead.request.Request
   and LookupDrafter do for one. All requests share one bounded TokenStore (memory: each finished
   request is added to it) and an optional DocumentLibrary.
-- load: drafts are sized for the whole batch (kernels.batch_sizes, sizing's batch_draft_sizes),
+- load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
   with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it); drafts that would not raise tokens per second
   are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
@@ -49,6 +49,7 @@ from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
 from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
 from lookahead.sizing.cost import LineCost
+from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
@@ -377,7 +378,7 @@ class LookupProposer:
         sent_tokens = 0
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = kernels.batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
+            taken, expected = batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if (plain or not worth_sending(decode, expected, taken, h, d)
