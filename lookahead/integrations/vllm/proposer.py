@@ -344,10 +344,9 @@ class LookupProposer:
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
         num_sampled = np.fromiter(map(len, sampled), dtype=np.int64, count=num_rows)  # (row,)
         keys, prompt_lens = self._batch_keys(num_rows, num_tokens, token_ids)
-        new_keys = {key for key in keys if key not in self.requests}
-        slots = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
+        slots, joined = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
         verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
-        self._measure_step(keys, num_sampled, new_keys, start)
+        self._measure_step(keys, num_sampled, joined, start)
 
         s = self.slots
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
@@ -412,14 +411,14 @@ class LookupProposer:
 
     # -- the load rule -------------------------------------------------------------------------
 
-    def _measure_step(self, keys, num_sampled, new_keys, now) -> None:
+    def _measure_step(self, keys, num_sampled, joined, now) -> None:
         """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
 
         Only steps that ran exactly the rows we returned for: no request joined (its prefill ran
         in the step), left, or sat in a prefill chunk.
         """
         last, self._last_step = self._last_step, None
-        if not isinstance(self.cost, DraftStepCost) or last is None or new_keys:
+        if not isinstance(self.cost, DraftStepCost) or last is None or joined:
             return
         decode_keys, tokens, drafted, returned = last
         if not num_sampled.all() or keys != decode_keys or now <= returned:
@@ -445,13 +444,15 @@ class LookupProposer:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
-    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> np.ndarray:
-        """The slot of each row's request, new requests started; a request id reused for other tokens is a new request."""
+    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> tuple[np.ndarray, bool]:
+        """(the slot of each row's request, whether a request joined: a key not seen before); new requests
+        are started, and a request id reused for other tokens is a new request (not counted as joined)."""
         requests = self.requests
         if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
-            slots = self._slots_seen.copy()
+            slots, joined = self._slots_seen.copy(), False
         else:
             slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
+            joined = bool(slots.min(initial=0) < 0)
         s, stale = self.slots, self._stale[: len(keys)]
         if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
             for row in np.flatnonzero(stale).tolist():
@@ -465,7 +466,7 @@ class LookupProposer:
             slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
             self.stats.requests += 1
         self._keys_seen, self._slots_seen, self._retired = keys, slots, False
-        return slots
+        return slots, joined
 
     def _doc_of(self, store) -> int:
         """The place in _docs of a request's documents store (-1: none)."""
