@@ -63,6 +63,14 @@ def store_list():
     return List.empty_list(INDEX_TUPLE)
 
 
+@njit(cache=True)
+def set_slot(tokens, prev, table, s, slot_tokens, slot_prev, slot_table):
+    """Points slot s of the typed Lists at its (grown) arrays: one call, where each setitem from Python costs tens of µs."""
+    tokens[s] = slot_tokens
+    prev[s] = slot_prev
+    table[s] = slot_table
+
+
 @njit(cache=True, inline="always")
 def _count(keep, overall, s, m, kept, failed):
     # KeepRate._count: old counts fade only when something is learnt

@@ -142,24 +142,24 @@ class SlotBuffers:
     def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
         """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):
         the capacities kernels.room_and_growth found the step needs (the growth rule is there)."""
-        arrays = self._arrays
-        for r in np.flatnonzero(new_tokens).tolist():
-            s, capacity = int(slots[r]), int(new_tokens[r])
-            copied = self.copied[s]
-            for i in (0, 1):
-                grown = np.zeros(capacity, dtype=np.int32)
-                grown[:copied] = arrays[s][i][:copied]
-                arrays[s][i] = grown
-            self.tokens[s], self.prev[s] = arrays[s][0], arrays[s][1]
-            self.token_capacity[s] = capacity
-        for r in np.flatnonzero(new_table).tolist():
-            s, capacity = int(slots[r]), int(new_table[r])
-            table = np.full(capacity, EMPTY, dtype=np.int32)
-            if self.used[s]:  # a fresh slot's table is empty: nothing to move
-                self.used[s] = rehash(arrays[s][0], arrays[s][2], table)
-            arrays[s][2] = table
-            self.table[s] = table
-            self.table_capacity[s] = capacity
+        for r in np.flatnonzero(new_tokens | new_table).tolist():
+            s, arrays = int(slots[r]), self._arrays[int(slots[r])]
+            capacity = int(new_tokens[r])
+            if capacity:
+                copied = self.copied[s]
+                for i in (0, 1):
+                    grown = np.zeros(capacity, dtype=np.int32)
+                    grown[:copied] = arrays[i][:copied]
+                    arrays[i] = grown
+                self.token_capacity[s] = capacity
+            capacity = int(new_table[r])
+            if capacity:
+                table = np.full(capacity, EMPTY, dtype=np.int32)
+                if self.used[s]:  # a fresh slot's table is empty: nothing to move
+                    self.used[s] = rehash(arrays[0], arrays[2], table)
+                arrays[2] = table
+                self.table_capacity[s] = capacity
+            kernels.set_slot(self.tokens, self.prev, self.table, s, *arrays)  # (a typed List's own setitem: ~25 us each)
 
 
 class MemoryFiling:
@@ -313,7 +313,9 @@ class LookupProposer:
         probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
         tokens[0, 5] = 3
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
-        if not (kernels.advance.signatures and kernels.commit.signatures):
+        slots = probe.slots
+        kernels.set_slot(slots.tokens, slots.prev, slots.table, 0, *slots._arrays[0])  # SlotBuffers.reserve's
+        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.set_slot.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
