@@ -30,6 +30,7 @@ from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.load import DraftStepCost
+import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
 
@@ -414,8 +415,13 @@ class ReferenceProposer:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_batched_steps_equal_the_request_classes(seed):
-    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense."""
+@pytest.mark.parametrize("first_capacity", [None, (4, 16)])
+def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
+    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense;
+    with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
+    if first_capacity is not None:
+        monkeypatch.setattr(proposer_module, "_MIN_TOKENS", first_capacity[0])
+        monkeypatch.setattr(proposer_module, "_MIN_SLOTS", first_capacity[1])
     rng = random.Random(seed)
     k, max_model_len = 4, 200
     cost = LineCost(rng.choice([2.0, 16.0, 4096.0]))
