@@ -106,6 +106,25 @@ class TokenStore:
             return trie.add_longest_match(self._index.buffers(), query, num_draft_tokens, match_base=match_base, scale=scale,
                                           stop_token=SEPARATOR)
 
+    @contextlib.contextmanager
+    def reading(self):
+        """The store's index as kernels read it, with the store's lock held until the block ends.
+
+        Yields the plain tuple lookahead.index.kernels and lookahead.trie take (tokens, prev, table,
+        n, min_ngram, max_ngram; TokenIndex.buffers): no `add` changes it inside the block. Do not
+        write its arrays; after the block they hold until the next add or eviction replaces them.
+        For per-step callers that run their own kernels over the store (the vLLM proposer).
+
+        Example:
+            >>> store = TokenStore()
+            >>> store.add([10, 11, 12])
+            >>> with store.reading() as index:
+            ...     index[3]  # tokens indexed, the separator included
+            4
+        """
+        with self._lock:
+            yield tuple(self._index.buffers())
+
     def _evict(self, room: int) -> None:
         # Keep the newest sequences that fit in half the cap (and leave `room`).
         keep_from = len(self._starts)

@@ -25,11 +25,12 @@ import pytest
 from lookahead.drafter import LookupDrafter
 from lookahead.request import Request
 from lookahead.sizing.cost import LineCost
-from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes
+from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.load import DraftStepCost
+import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
 
@@ -414,8 +415,13 @@ class ReferenceProposer:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_batched_steps_equal_the_request_classes(seed):
-    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense."""
+@pytest.mark.parametrize("first_capacity", [None, (4, 16)])
+def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
+    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense;
+    with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
+    if first_capacity is not None:
+        monkeypatch.setattr(proposer_module, "_MIN_TOKENS", first_capacity[0])
+        monkeypatch.setattr(proposer_module, "_MIN_SLOTS", first_capacity[1])
     rng = random.Random(seed)
     k, max_model_len = 4, 200
     cost = LineCost(rng.choice([2.0, 16.0, 4096.0]))
@@ -467,15 +473,28 @@ def test_batched_steps_equal_the_request_classes(seed):
     assert proposer.stats.drafts > 0 and proposer.stats.finished > 0
 
 
+def greedy_batch_sizes(chances, lengths, fixed_cost_tokens):
+    """batch_draft_sizes' rule written plainly: every drafted token, likeliest first (ties: row, then
+    place), taken while its chance clears G / (fixed_cost_tokens + T)."""
+    tokens = sorted(((-min(a, MAX_CHANCE) ** j, r, j) for r, (a, n) in enumerate(zip(chances, lengths)) for j in range(1, n + 1)))
+    sizes, expected, verified = [0] * len(chances), float(len(chances)), float(len(chances))
+    for gain, r, _ in tokens:
+        if -gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[r], expected, verified = sizes[r] + 1, expected - gain, verified + 1
+    return sizes
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_batch_sizes_kernel_equals_batch_draft_sizes(seed):
+def test_batch_sizes_kernel_equals_a_greedy_reference(seed):
     rng = np.random.default_rng(seed)
     chances = rng.choice([0.0, 0.2, 0.5, 0.9, 0.999, 1.0], size=12)
     lengths = rng.integers(0, 9, size=12)
     sizes = np.zeros(12, dtype=np.int64)
     for fixed in (1.0, 4.0, 64.0, 4096.0):
-        taken, kept = kernels.batch_sizes(chances, lengths, 12, fixed, sizes)
-        assert sizes.tolist() == batch_draft_sizes(chances, lengths, cost=LineCost(fixed)), fixed
+        taken, kept = batch_sizes(chances, lengths, 12, fixed, sizes)
+        assert sizes.tolist() == greedy_batch_sizes(chances.tolist(), lengths.tolist(), fixed), fixed
+        assert batch_draft_sizes(chances, lengths, cost=LineCost(fixed)) == sizes.tolist()
         a = np.minimum(chances, MAX_CHANCE)
         assert taken == sizes.sum() and kept == pytest.approx(sum(a[r] ** j for r in range(12) for j in range(1, sizes[r] + 1)))
 

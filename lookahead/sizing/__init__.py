@@ -1,9 +1,9 @@
-"""Cost-aware draft sizing (numpy only): how many drafted tokens are worth verifying.
+"""Cost-aware draft sizing (numpy and numba only): how many drafted tokens are worth verifying.
 
 - `keep_rate.KeepRate`: per request, the chance that a drafted token is kept, per anchor match length;
 - `cost`: what a verify step over `rows` x `width` tokens costs, behind one interface
   `cost(rows, width)` (relative to a plain one-row step) and `fixed_cost_tokens` (F / p):
   the measured curve for one row (`StepCosts`), the fitted line for many (`StepCostFit`);
 - `rules`: the sizes those two imply, for one row (`chain_size`, `tree_nodes`), a static
-  batch (`static_batch_draft_sizes`) and a served batch (`batch_draft_sizes`).
+  batch (`static_batch_draft_sizes`) and a served batch (`batch_draft_sizes`, over its kernel `batch_sizes`).
 """

@@ -12,6 +12,7 @@ batch, which runs until its last row ends (`static_batch_draft_sizes`; for one r
 """
 
 import numpy as np
+from numba import njit
 
 MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
 
@@ -80,21 +81,51 @@ def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
         [2, 0]
     """
     chances, lengths = _rows(keep_chances, lengths)
-    fixed_cost_tokens = cost.fixed_cost_tokens
-    sizes = [0] * chances.shape[0]
-    rows = np.repeat(np.arange(chances.shape[0]), lengths)  # (sum(lengths),): the row of each drafted token
-    depth = np.arange(rows.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1  # its place in its row, from 1
-    gains = chances[rows] ** depth
-    expected = float(chances.shape[0])  # G: each row's own token
-    verified = float(chances.shape[0])  # T
-    for t in np.lexsort((depth, rows, -gains)).tolist():  # likeliest first; a row's tokens in order
-        gain = float(gains[t])
+    sizes = np.zeros(chances.shape[0], dtype=np.int64)
+    batch_sizes(chances, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
+    return sizes.tolist()
+
+
+@njit(cache=True)
+def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
+    """batch_draft_sizes over arrays, for callers that run it every step (the vLLM proposer): writes
+    sizes[r] for a step of `rows` rows (each verifying its own token; rows without a chain,
+    lengths[r] == 0, need not be passed); returns (drafted tokens taken, of them expected kept).
+
+    Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
+    likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
+    Cost: O(D log D) for D drafted tokens.
+    """
+    total = 0
+    for r in range(chances.shape[0]):
+        sizes[r] = 0
+        total += lengths[r]
+    if total == 0:
+        return 0, 0.0
+    gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
+    owner = np.empty(total, dtype=np.int64)  # (drafted token,) its row
+    t = 0
+    for r in range(chances.shape[0]):
+        a = min(chances[r], MAX_CHANCE)
+        g = 1.0
+        for _ in range(lengths[r]):
+            g *= a
+            gains[t] = g
+            owner[t] = r
+            t += 1
+    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row-major order
+    expected = float(rows)  # G: each row's own token
+    verified = float(rows)  # T
+    taken = 0
+    for i in range(total):
+        gain = gains[order[i]]
         if gain <= expected / (fixed_cost_tokens + verified):
             break
-        sizes[int(rows[t])] += 1
+        sizes[owner[order[i]]] += 1
         expected += gain
-        verified += 1
-    return sizes
+        verified += 1.0
+        taken += 1
+    return taken, expected - rows
 
 
 def _rows(keep_chances, lengths) -> tuple[np.ndarray, np.ndarray]:

@@ -21,8 +21,8 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the
 chain is drafted as `LookupDrafter.propose` drafts it, through the same index and trie
-kernels); `size_and_commit` then cuts the chains to the load rule (`batch_draft_sizes`) and
-records the plans. tests/test_vllm.py checks both against the Python classes they follow.
+kernels); sizing.rules.batch_sizes (batch_draft_sizes' kernel) then cuts the chains to the load
+rule and `commit` records the plans. tests/test_vllm.py checks both against the Python classes they follow.
 """
 
 import math
@@ -61,6 +61,14 @@ def index_list(arrays=()):
 def store_list():
     """A numba typed List of index tuples (INDEX_TUPLE), one per documents store."""
     return List.empty_list(INDEX_TUPLE)
+
+
+@njit(cache=True)
+def set_slot(tokens, prev, table, s, slot_tokens, slot_prev, slot_table):
+    """Points slot s of the typed Lists at its (grown) arrays: one call, where each setitem from Python costs tens of µs."""
+    tokens[s] = slot_tokens
+    prev[s] = slot_prev
+    table[s] = slot_table
 
 
 @njit(cache=True, inline="always")
@@ -137,7 +145,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
     out_match[r] tokens, each kept with chance out_chance[r]. Returns whether any row drafted.
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
-    extended slot's buffers for its new tokens (SlotBuffers.reserve).
+    extended slot's buffers for its new tokens (room_and_growth, SlotBuffers.reserve).
     """
     min_ngram, max_ngram, draft_factor, has_memory = options
     token, parent, weight, child, sibling, _, _ = trie
@@ -225,47 +233,6 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
 
 
 @njit(cache=True)
-def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
-    """sizing.rules.batch_draft_sizes over arrays for a step of `rows` decode rows: writes sizes[r];
-    returns (drafted tokens taken, of them expected kept).
-
-    Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
-    likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
-    Rows without a chain (lengths[r] == 0) are counted only in `rows`.
-    """
-    total = 0
-    for r in range(chances.shape[0]):
-        sizes[r] = 0
-        total += lengths[r]
-    if total == 0:
-        return 0, 0.0
-    gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
-    owner = np.empty(total, dtype=np.int64)
-    t = 0
-    for r in range(chances.shape[0]):
-        a = min(chances[r], MAX_CHANCE)
-        g = 1.0
-        for _ in range(lengths[r]):
-            g *= a
-            gains[t] = g
-            owner[t] = r
-            t += 1
-    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row-major order
-    expected = float(rows)
-    verified = float(rows)
-    taken = 0
-    for i in range(total):
-        gain = gains[order[i]]
-        if gain <= expected / (fixed_cost_tokens + verified):
-            break
-        sizes[owner[order[i]]] += 1
-        expected += gain
-        verified += 1.0
-        taken += 1
-    return taken, expected - rows
-
-
-@njit(cache=True)
 def stale_rows(rows_slot, num_tokens, token_ids, copied, last_token, first_token, stale):
     """stale[r]: whether row r's slot (>= 0) holds another request's tokens (more tokens than the
     row, or another first or last copied token: vLLM reused the request id); returns how many."""
@@ -284,30 +251,47 @@ def stale_rows(rows_slot, num_tokens, token_ids, copied, last_token, first_token
 
 @njit(cache=True)
 def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, token_capacity, used, indexed,
-                    table_capacity, grams, max_load, room):
+                    table_capacity, grams, max_load, growth, room, new_tokens, new_table):
     """room[r]: the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
-    discarded); returns (decode rows, whether some slot's buffers must grow first: SlotBuffers.reserve)."""
+    discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before
+    `advance` writes it (0: big enough), which SlotBuffers.reserve allocates. Returns (decode
+    rows, rows whose slot must grow).
+
+    The growth rule (TokenIndex's): the tokens grow by `growth` or to n + 1, whichever is more;
+    a drafting row's table holds used + (tokens not yet indexed) * grams slots at most, kept at
+    most `max_load` full by growing by `growth`.
+    """
     decode = 0
-    grow = False
+    grows = 0
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
         room[r] = min(k, max_model_len - n) if num_sampled[r] > 0 else 0
+        new_tokens[r] = 0
+        new_table[r] = 0
         if n > token_capacity[s]:
-            grow = True
+            new_tokens[r] = max(int(token_capacity[s] * growth), n + 1)
         if room[r] > 0:
             decode += 1
-            if used[s] + max(n - indexed[s], 0) * grams > max_load * table_capacity[s]:
-                grow = True
-    return decode, grow
+            need = used[s] + max(n - indexed[s], 0) * grams
+            if need > max_load * table_capacity[s]:
+                capacity = table_capacity[s]
+                while need > max_load * capacity:
+                    capacity = int(capacity * growth)
+                new_table[r] = capacity
+        if new_tokens[r] or new_table[r]:
+            grows += 1
+    return decode, grows
 
 
 @njit(cache=True)
 def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
     """Counts the drafts a step verified as vLLM's metrics do: ours where learnt from (status LEARNT,
     verified[r] > 0), vLLM's own (theirs[r] > 0); num_sampled[r] - 1 of each accepted.
-    counts += (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
-    per_pos[p] += drafts with more than p tokens accepted."""
+    counts = (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
+    per_pos[p] = drafts with more than p tokens accepted. Returns whether any count is not 0."""
+    counts[:] = 0
+    per_pos[:] = 0
     for r in range(status.shape[0]):
         if status[r] == DISCARDED:
             counts[4] += 1
@@ -321,16 +305,23 @@ def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
         counts[2] += accepted
         for p in range(min(accepted, per_pos.shape[0])):
             per_pos[p] += 1
+    return counts[0] > 0 or counts[4] > 0
 
 
 @njit(cache=True)
 def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, plan_len, plan_size, plan_match, plan_pos, plan_ids):
-    """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent."""
+    """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent.
+    Returns (tokens drafted, tokens sent) over the rows."""
+    drafted = 0
+    sent = 0
     for r in range(rows_slot.shape[0]):
         length = out_len[r]
         if length == 0:
             continue
+        drafted += length
+        sent += sizes[r]
         s = rows_slot[r]
         plan_len[s], plan_size[s], plan_match[s], plan_pos[s] = length, sizes[r], out_match[r], num_tokens[r]
         for j in range(length):
             plan_ids[s, j] = out_ids[r, j]
+    return drafted, sent

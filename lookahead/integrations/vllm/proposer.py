@@ -22,7 +22,7 @@ requests), so state is keyed by request, never by row:
   plan), walked for all rows at once by kernels.advance, which does what lookahead.request.Request
   and LookupDrafter do for one. All requests share one bounded TokenStore (memory: each finished
   request is added to it) and an optional DocumentLibrary.
-- load: drafts are sized for the whole batch (kernels.batch_sizes, sizing's batch_draft_sizes),
+- load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
   with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it); drafts that would not raise tokens per second
   are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
@@ -31,6 +31,7 @@ requests), so state is keyed by request, never by row:
 vLLM is not imported here: it builds this class and hands it plain arrays.
 """
 
+import contextlib
 import queue
 import sys
 import threading
@@ -48,6 +49,7 @@ from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
 from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
 from lookahead.sizing.cost import LineCost
+from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
@@ -137,35 +139,27 @@ class SlotBuffers:
         """The slot's copied tokens (a view)."""
         return self._arrays[s][0][: self.copied[s]]
 
-    def reserve(self, slots: np.ndarray, num_tokens: np.ndarray, indexing: np.ndarray) -> None:
-        """Grows the buffers of `slots` for rows of num_tokens tokens (and their tables, where `indexing`);
-        the step calls it only where kernels.room_and_growth finds a slot too small."""
-        arrays = self._arrays
-        for r in np.flatnonzero(num_tokens > self.token_capacity[slots]).tolist():
-            s = int(slots[r])
-            capacity = max(int(arrays[s][0].shape[0] * _GROWTH), int(num_tokens[r]) + 1)
-            for i in (0, 1):
-                grown = np.zeros(capacity, dtype=np.int32)
-                grown[: self.copied[s]] = arrays[s][i][: self.copied[s]]
-                arrays[s][i] = grown
-            self.tokens[s], self.prev[s] = arrays[s][0], arrays[s][1]
-            self.token_capacity[s] = capacity
-        if not indexing.any():
-            return
-        grams = self.max_ngram - self.min_ngram + 1
-        rows = np.flatnonzero(indexing)
-        need = self.used[slots[rows]] + np.maximum(num_tokens[rows] - self.indexed[slots[rows]], 0) * grams
-        caps = self.table_capacity[slots[rows]]
-        for i in np.flatnonzero(need > _MAX_LOAD * caps).tolist():
-            s = int(slots[rows[i]])
-            capacity = int(caps[i])
-            while need[i] > _MAX_LOAD * capacity:
-                capacity = int(capacity * _GROWTH)
-            table = np.full(capacity, EMPTY, dtype=np.int32)
-            self.used[s] = rehash(arrays[s][0], arrays[s][2], table)
-            arrays[s][2] = table
-            self.table[s] = table
-            self.table_capacity[s] = capacity
+    def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
+        """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):
+        the capacities kernels.room_and_growth found the step needs (the growth rule is there)."""
+        for r in np.flatnonzero(new_tokens | new_table).tolist():
+            s, arrays = int(slots[r]), self._arrays[int(slots[r])]
+            capacity = int(new_tokens[r])
+            if capacity:
+                copied = self.copied[s]
+                for i in (0, 1):
+                    grown = np.zeros(capacity, dtype=np.int32)
+                    grown[:copied] = arrays[i][:copied]
+                    arrays[i] = grown
+                self.token_capacity[s] = capacity
+            capacity = int(new_table[r])
+            if capacity:
+                table = np.full(capacity, EMPTY, dtype=np.int32)
+                if self.used[s]:  # a fresh slot's table is empty: nothing to move
+                    self.used[s] = rehash(arrays[0], arrays[2], table)
+                arrays[2] = table
+                self.table_capacity[s] = capacity
+            kernels.set_slot(self.tokens, self.prev, self.table, s, *arrays)  # (a typed List's own setitem: ~25 us each)
 
 
 class MemoryFiling:
@@ -282,6 +276,10 @@ class LookupProposer:
         self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
         self._room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
         self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
+        self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
+        self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
+        self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (_verified)
+        self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of vLLM's own draft it verified
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
@@ -315,7 +313,9 @@ class LookupProposer:
         probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
         tokens[0, 5] = 3
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
-        if not (kernels.advance.signatures and kernels.commit.signatures):
+        slots = probe.slots
+        kernels.set_slot(slots.tokens, slots.prev, slots.table, 0, *slots._arrays[0])  # SlotBuffers.reserve's
+        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.set_slot.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
@@ -346,18 +346,18 @@ class LookupProposer:
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
         num_sampled = np.fromiter(map(len, sampled), dtype=np.int64, count=num_rows)  # (row,)
         keys, prompt_lens = self._batch_keys(num_rows, num_tokens, token_ids)
-        new_keys = {key for key in keys if key not in self.requests}
-        slots = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
+        slots, joined = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
         verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
-        self._measure_step(keys, num_sampled, new_keys, start)
+        self._measure_step(keys, num_sampled, joined, start)
 
         s = self.slots
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
-        decode, grow = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
-                                               s.token_capacity, s.used, s.indexed, s.table_capacity,
-                                               s.max_ngram - s.min_ngram + 1, _MAX_LOAD, room)
-        if grow:
-            s.reserve(slots, num_tokens, room > 0)  # the most the kernel may write
+        new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
+        decode, grows = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
+                                                s.token_capacity, s.used, s.indexed, s.table_capacity,
+                                                s.max_ngram - s.min_ngram + 1, _MAX_LOAD, _GROWTH, room, new_tokens, new_table)
+        if grows:
+            s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
         h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
         bar = decode / (h + d + decode) if self.options["cost_aware"] and decode else -1.0
@@ -365,46 +365,40 @@ class LookupProposer:
         memory = self.memory
         if self._filing is not None:
             self._filing.wait()  # the requests finished before the last step are in memory
-        if memory is not None:
-            memory._lock.acquire()  # the memory's index is read in the kernel (nothing else writes it meanwhile)
-        try:
-            memory_index = tuple(memory._index.buffers()) if memory is not None else self._no_memory
+        # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
+        with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting = kernels.advance(slots, num_tokens, num_sampled, verified, room, bar, force, token_ids,
                             s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
                             s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
                             self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
                             self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
-        finally:
-            if memory is not None:
-                memory._lock.release()
         self._count_step(num_rows, verified, theirs, num_sampled)
         self.stats.skipped_steps += decode > 0 and not drafting
 
         lengths, sizes = self._out_len[:num_rows], self._sizes[:num_rows]
-        if not drafting:
-            sizes[:] = 0
-        elif self.options["cost_aware"]:
+        sent_tokens = 0
+        if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = kernels.batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
+            taken, expected = batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if (plain or not worth_sending(decode, expected, taken, h, d)
                         or (self.gate is not None and not self.gate.allows(decode))):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
-        else:
+        elif drafting:
             sizes[:] = lengths
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
-            kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
-                           s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
-            sent = np.flatnonzero(sizes)
-            if sent.shape[0]:
-                ids, slot_of, size_of = self._out_ids[:num_rows].tolist(), slots.tolist(), sizes.tolist()
-                for row in sent.tolist():
-                    out[row] = self._sent[slot_of[row]] = ids[row][: size_of[row]]
-            self.stats.cut_tokens += int(lengths.sum() - sizes.sum())
+            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
+                                                  s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
+            if sent_tokens:
+                sent = np.flatnonzero(sizes)
+                ids, slot_of, size_of = self._out_ids[sent].tolist(), slots[sent].tolist(), sizes[sent].tolist()
+                for i, row in enumerate(sent.tolist()):
+                    out[row] = self._sent[slot_of[i]] = ids[i][: size_of[i]]
+            self.stats.cut_tokens += drafted - sent_tokens
 
         if self._finished:
             self._file_finished()
@@ -413,21 +407,20 @@ class LookupProposer:
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()]
-        sent_tokens = int(sizes.sum())
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
         self._last_keys = set(keys)
         return out
 
     # -- the load rule -------------------------------------------------------------------------
 
-    def _measure_step(self, keys, num_sampled, new_keys, now) -> None:
+    def _measure_step(self, keys, num_sampled, joined, now) -> None:
         """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
 
         Only steps that ran exactly the rows we returned for: no request joined (its prefill ran
         in the step), left, or sat in a prefill chunk.
         """
         last, self._last_step = self._last_step, None
-        if not isinstance(self.cost, DraftStepCost) or last is None or new_keys:
+        if not isinstance(self.cost, DraftStepCost) or last is None or joined:
             return
         decode_keys, tokens, drafted, returned = last
         if not num_sampled.all() or keys != decode_keys or now <= returned:
@@ -453,13 +446,15 @@ class LookupProposer:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
         return self._match_rows(num_rows, num_tokens, token_ids), None
 
-    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> np.ndarray:
-        """The slot of each row's request, new requests started; a request id reused for other tokens is a new request."""
+    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> tuple[np.ndarray, bool]:
+        """(the slot of each row's request, whether a request joined: a key not seen before); new requests
+        are started, and a request id reused for other tokens is a new request (not counted as joined)."""
         requests = self.requests
         if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
-            slots = self._slots_seen.copy()
+            slots, joined = self._slots_seen.copy(), False
         else:
             slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
+            joined = bool(slots.min(initial=0) < 0)
         s, stale = self.slots, self._stale[: len(keys)]
         if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
             for row in np.flatnonzero(stale).tolist():
@@ -473,7 +468,7 @@ class LookupProposer:
             slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
             self.stats.requests += 1
         self._keys_seen, self._slots_seen, self._retired = keys, slots, False
-        return slots
+        return slots, joined
 
     def _doc_of(self, store) -> int:
         """The place in _docs of a request's documents store (-1: none)."""
@@ -483,7 +478,8 @@ class LookupProposer:
         if doc is None:
             doc = self._doc_ids[id(store)] = len(self._doc_stores)
             self._doc_stores.append(store)
-            self._docs.append(tuple(store._index.buffers()))
+            with store.reading() as index:  # a documents store is not added to once loaded
+                self._docs.append(index)
         return doc
 
     def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -503,23 +499,29 @@ class LookupProposer:
         ran in the step before (a preempted request sits out at least one step).
         """
         num_rows = len(keys)
-        ours, theirs = np.zeros(num_rows, dtype=np.int64), np.zeros(num_rows, dtype=np.int64)
+        ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
+        ours[:] = 0
+        theirs[:] = 0
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= num_rows
         sent_of = self._sent
-        if by_runner:
-            rows = [row for row in range(num_rows) if spec[row]]  # the rows whose step verified any drafted token
+        if by_runner:  # the rows whose step verified any drafted token (vLLM's lists, read in place)
+            rows = [row for row, ids in enumerate(spec[:num_rows]) if ids]
+        elif sent_of:
+            rows = [row for row, s in enumerate(slots.tolist()) if s in sent_of]
         else:
-            rows = [row for row in range(num_rows) if int(slots[row]) in sent_of] if sent_of else []
+            rows = []
+        if not rows:
+            return ours, theirs
+        slot_of, n_of = slots.tolist(), num_tokens.tolist()
         plan_pos = self.slots.plan_pos
         for row in rows:
-            s = int(slots[row])
-            sent = sent_of.get(s, ())
-            moved = bool(sent) and int(num_tokens[row]) == plan_pos[s] + len(sampled[row])
+            sent = sent_of.get(slot_of[row], ())
+            moved = bool(sent) and n_of[row] == int(plan_pos[slot_of[row]]) + len(sampled[row])
             if not by_runner:
                 ours[row] = len(sent) if moved and keys[row] in self._last_keys else 0
                 continue
-            checked = len(spec[row])  # vLLM's list of this step's drafted tokens, read in place
+            checked = len(spec[row])
             if moved and spec[row] == sent[:checked]:
                 ours[row] = checked
             elif sampled[row]:
@@ -529,9 +531,7 @@ class LookupProposer:
     def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
         """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
         counts, per_pos = self._counts, self._per_pos
-        counts[:], per_pos[:] = 0, 0
-        kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
-        if not counts.any():
+        if not kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos):
             return
         s = self.stats
         drafts, draft_tokens, accepted, vllm_drafts, discarded = counts.tolist()
