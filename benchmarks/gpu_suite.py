@@ -35,8 +35,10 @@ from lookahead.bench.cli import main as lookahead_main
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED_TRACES = ROOT / "benchmarks" / "carry" / "traces"  # benchmarks/prepare_device.sh writes it
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
+# "lookahead.generate lookup alone": the default without the prediction table, what the table costs or adds on a GPU
+# (its trees are near free there; on the forced model the table learns the kept path only, docs/benchmarks.md).
 TRACE_METHODS = ",".join(["greedy", "hf prompt lookup k=10", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate",
-                          "lookahead.generate tree"])
+                          "lookahead.generate tree", "lookahead.generate lookup alone"])
 
 
 def steps(*, dry_run: bool) -> list[tuple[str, int, list[str]]]:
