@@ -219,7 +219,7 @@ def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
     assert main(["bench", "--blend", "--time-blend", "--model", str(stories), "--requests", "2", "--max-new-tokens", "12",
                  "--dtype", "float32,bfloat16", "--json"]) == 0
     tpot = json.loads(capsys.readouterr().out)["tpot"]
-    assert [(r["dtype"], r["source"]) for r in tpot] == [(d, m) for d in ("float32", "bfloat16")
-                                                         for m in ("greedy", "lookup (default drafter)", "blend (default drafter)")]
+    assert [(r["dtype"], r["drafter"], r["source"]) for r in tpot] == [
+        (d, kept, m) for d in ("float32", "bfloat16") for kept in ("kept", "fresh") for m in ("greedy", "lookup (default drafter)", "blend (default drafter)")]
     assert all(r["ms_per_token"] > 0 and r["over_greedy_min"] <= r["over_greedy_max"] for r in tpot)
-    assert all(r["tau"] >= 1.0 for r in tpot) and tpot[0]["tau"] == 1.0 and tpot[0]["over_greedy_max"] == 1.0
+    assert all(r["tau"] >= 1.0 for r in tpot) and all(r["tau"] == 1.0 and r["over_greedy_max"] == 1.0 for r in tpot[::3])

@@ -101,38 +101,44 @@ def measure_taus(model, prompts, *, max_new_tokens: int, progress=None) -> list[
     return rows
 
 
-def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int) -> list[dict]:
+def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True) -> list[dict]:
     """ms per new token of plain greedy and of the default drafter (sized, tree=None) with lookup alone and
     with the blend, greedy: the methods take turns on every request, each request's fastest of
-    `repeats` runs counts; one drafter per source kept across the requests. Also the min-max over the
-    repeats of each method's summed time over plain greedy's (above 1: slower than greedy)."""
-    drafters = {source: drafter_for(source) for source in ("lookup", "blend")}
-    methods = {"greedy": lambda ids: model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)}
-    methods.update({f"{source} (default drafter)": (lambda d: lambda ids: lookahead.generate(
-        model, ids, drafter=d, max_new_tokens=max_new_tokens, do_sample=False))(drafter) for source, drafter in drafters.items()})
-    for run in methods.values():  # warm: torch's first shapes, the kernels, the costs' first steps
-        run(prompts[0][:, :8])
-    seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in methods}
+    `repeats` runs counts. `kept`: one drafter per source for all the requests of a repeat (memory
+    and table kept across them), else a fresh one per request; new drafters each repeat (a repeat
+    must not draft from the last one's outputs). Also the min-max over the repeats of each
+    method's summed time over plain greedy's (below 1: faster than greedy)."""
+    names = {"greedy": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}
+    model.generate(prompts[0][:, :8], max_new_tokens=8, do_sample=False)  # warm: torch's first shapes
+    for source in ("lookup", "blend"):  # the kernels, the costs' first steps
+        lookahead.generate(model, prompts[0][:, :8], drafter=drafter_for(source), max_new_tokens=8)
+    seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
     produced = [0] * len(prompts)
-    counts = {name: [0, 0] for name in methods}  # tokens, steps of the drafted methods
+    counts = {name: [0, 0] for name in names}  # tokens, steps of the drafted methods
     for k in range(repeats):
+        drafters = {name: drafter_for(source) for name, source in names.items() if source is not None}
         for i, ids in enumerate(prompts):
-            for name, run in methods.items():
+            for name, source in names.items():
+                drafter = None
+                if source is not None:
+                    drafter = drafters[name] if kept else drafter_for(source)
                 start = time.perf_counter()
-                out = run(ids)
+                if drafter is None:
+                    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+                else:
+                    out = lookahead.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, do_sample=False)
                 seconds[name][k][i] = time.perf_counter() - start
                 produced[i] = out.shape[1] - ids.shape[1]
-                drafter = drafters.get(name.split(" ")[0]) if name != "greedy" else None
                 if drafter is not None:
                     counts[name][0] += drafter.stats.tokens
                     counts[name][1] += drafter.stats.steps
     rows = []
-    for name in methods:
+    for name in names:
         best = [min(seconds[name][k][i] for k in range(repeats)) for i in range(len(prompts))]
         over = [sum(seconds[name][k]) / sum(seconds["greedy"][k]) for k in range(repeats)]
         tokens, steps = counts[name]
-        rows.append(dict(source=name, ms_per_token=round(1e3 * sum(best) / sum(produced), 3), tau=round(tokens / steps, 3) if steps else 1.0,
-                         over_greedy_min=round(min(over), 3), over_greedy_max=round(max(over), 3)))
+        rows.append(dict(source=name, drafter="kept" if kept else "fresh", ms_per_token=round(1e3 * sum(best) / sum(produced), 3),
+                         tau=round(tokens / steps, 3) if steps else 1.0, over_greedy_min=round(min(over), 3), over_greedy_max=round(max(over), 3)))
     return rows
 
 
@@ -154,8 +160,9 @@ def run_blend_bench(args) -> int:
         report["tpot"] = []
         for dtype in dtypes:
             model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).eval()
-            for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats):
-                report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
+            for kept in (True, False):
+                for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept):
+                    report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
     if json_report(args, report):
         return 0
     taus = {(r["sampling"], r["drafter"], r["draft"], r["source"]): r["tau"] for r in report["tau"]}
@@ -166,7 +173,7 @@ def run_blend_bench(args) -> int:
     print(format_table(["sampling", "drafter", "draft", "lookup", "table", "blend", "blend / lookup"], lines))
     if "tpot" in report:
         print()
-        print(format_table(["dtype", "method", "ms/token", "time over greedy's (min-max of repeats)", "tau"],
-                           [[r["dtype"], r["source"], r["ms_per_token"], f"{r['over_greedy_min']:.2f}-{r['over_greedy_max']:.2f}", r["tau"]]
+        print(format_table(["dtype", "drafter", "method", "ms/token", "time over greedy's (min-max of repeats)", "tau"],
+                           [[r["dtype"], r["drafter"], r["source"], r["ms_per_token"], f"{r['over_greedy_min']:.2f}-{r['over_greedy_max']:.2f}", r["tau"]]
                             for r in report["tpot"]]))
     return 0
