@@ -378,7 +378,7 @@ def test_gpu_script_dry_run_runs_every_step_and_writes_its_outputs(tmp_path):
         assert rows and all(r["exact"] for r in rows), name
     methods = {r["method"] for r in results["trace bench, 0.5B shape"]["results"]}
     assert methods == {"greedy", "hf prompt lookup k=10", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate",
-                       "lookahead.generate tree"}
+                       "lookahead.generate tree", "lookahead.generate lookup alone"}
     assert {r["batch"] for r in results["batch bench, 8B shape"]["results"]} == {1, 2}
     tables = (out / "tables.md").read_text()
     assert all(f"## {name}" in tables for name in names) and tables.count("| exact |") == len(names)

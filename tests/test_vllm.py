@@ -420,8 +420,8 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypat
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense;
     with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
     if first_capacity is not None:
-        monkeypatch.setattr(proposer_module, "_MIN_TOKENS", first_capacity[0])
-        monkeypatch.setattr(proposer_module, "_MIN_SLOTS", first_capacity[1])
+        monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
+        monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])
     rng = random.Random(seed)
     k, max_model_len = 4, 200
     cost = LineCost(rng.choice([2.0, 16.0, 4096.0]))

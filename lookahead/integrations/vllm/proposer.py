@@ -57,7 +57,7 @@ LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 _GROWTH = 1.5  # a slot's buffers grow by this factor (TokenIndex's)
 _MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
-_MIN_TOKENS, _MIN_SLOTS = 256, 1024
+MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (tests start them smaller to make slots grow)
 
 
 class SlotBuffers:
@@ -106,11 +106,11 @@ class SlotBuffers:
         grown("plan_ids", (k,), np.int32, 0)
         grown("watch", (w, 5), np.int64, 0)
         grown("watch_ids", (w, k), np.int32, 0)
-        grown("token_capacity", (), np.int64, _MIN_TOKENS)  # tokens[s].shape[0]
-        grown("table_capacity", (), np.int64, _MIN_SLOTS)  # table[s].shape[0]
+        grown("token_capacity", (), np.int64, MIN_TOKENS)  # tokens[s].shape[0]
+        grown("table_capacity", (), np.int64, MIN_SLOTS)  # table[s].shape[0]
         for _ in range(old, slots):
-            arrays = [np.zeros(_MIN_TOKENS, dtype=np.int32), np.zeros(_MIN_TOKENS, dtype=np.int32),
-                      np.full(_MIN_SLOTS, EMPTY, dtype=np.int32)]
+            arrays = [np.zeros(MIN_TOKENS, dtype=np.int32), np.zeros(MIN_TOKENS, dtype=np.int32),
+                      np.full(MIN_SLOTS, EMPTY, dtype=np.int32)]
             self._arrays.append(arrays)
             self.tokens.append(arrays[0])
             self.prev.append(arrays[1])
