@@ -194,7 +194,8 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     record = []
     active, first = rows, True
     while active:
-        plans = _plan(active, costs, options, first=first)
+        trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
+        plans = _plan(active, costs, options, tree=trees and not first, first=first)
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
@@ -203,7 +204,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         # The model's top-k (a top-k over rows x entries x vocab) only where the call's drafts read the table:
         # a plain chain takes none of it, so chains alone (tree=False, or tree=None decided against trees) skip it.
         table = active[0].request.drafter.predictions  # siblings share their parent's
-        learn = active[0].request.drafter.reads_predictions(tree=step_trees(options.tree, costs, len(active)))
+        learn = active[0].request.drafter.reads_predictions(tree=trees)
         top = top_ids(logits, u - 1 - first_logit, table.k) if learn else None  # (rows, entries from u - 1, k)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
@@ -241,7 +242,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     return record, cache
 
 
-def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[StepPlan]:
+def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool) -> list[StepPlan]:
     """Each row's draft for one step, sized to finish the rows soonest (sizing.rules.static_batch_draft_sizes).
 
     The first step also prefills the prompts: it verifies chains (a tree there would need an
@@ -249,7 +250,6 @@ def _plan(active: list[Row], costs, options: Options, *, first: bool) -> list[St
     verifies none: B x L tokens are compute-bound, so drafts cost their share there (a
     (4, 257) prefill measured 8% slower than (4, 256)) for at most one step saved."""
     rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
-    tree = not first and step_trees(options.tree, costs, len(active))
     if costs is None:  # unsized: whole drafts
         if tree:
             return [row.request.plan(room, tree=True, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
