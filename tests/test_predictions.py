@@ -223,7 +223,9 @@ def assert_top_k_of_the_block(model, prompt, output, calls):
         position += kept + 1  # the kept drafts and the model's own token
 
 
-def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included(monkeypatch):
+def recorded_chain_call(monkeypatch, **options):
+    """stories260K through lookahead.generate with unsized chains that read the table (so their blocks are
+    recorded into a RecordingTable): (model, prompt, output ids, drafter, table)."""
     import torch
 
     from lookahead import drafter as drafter_module
@@ -231,13 +233,18 @@ def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_
     from tests.models import stories_model
 
     monkeypatch.setattr(drafter_module, "PREDICTION_CHAIN_NODES", 8)  # chains read the table: their blocks are recorded
-
     model = stories_model()
     table = RecordingTable()
     drafter = LookupDrafter(num_draft_tokens=6, cost_aware=False, predictions=table)
     prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:20].tolist()
-    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
-    output = out[0, len(prompt):].tolist()
+    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False, **options)
+    return model, prompt, out[0, len(prompt):].tolist(), drafter, table
+
+
+def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_included(monkeypatch):
+    import torch
+
+    model, prompt, output, drafter, table = recorded_chain_call(monkeypatch)
     assert output == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
     assert len(table.calls) == drafter.stats.steps
     assert any(len(inputs) > kept + 1 for (inputs, _), kept in zip(table.calls, drafter.stats.accepted_per_step))  # rejected entries
@@ -247,18 +254,8 @@ def test_the_loop_records_the_top_k_of_every_entry_of_the_block_rejected_drafts_
 def test_record_rejected_off_records_the_kept_path_alone(monkeypatch):
     import torch
 
-    from lookahead import drafter as drafter_module
-    from lookahead import generate
-    from tests.models import stories_model
-
-    monkeypatch.setattr(drafter_module, "PREDICTION_CHAIN_NODES", 8)  # chains read the table: their blocks are recorded
-
-    model = stories_model()
-    table = RecordingTable()
-    drafter = LookupDrafter(num_draft_tokens=6, cost_aware=False, predictions=table)
-    prompt = [1] + model.generate(torch.tensor([[1]]), max_new_tokens=30, do_sample=False)[0, 1:20].tolist()
-    out = generate(model, torch.tensor([prompt]), drafter=drafter, tree=False, max_new_tokens=40, do_sample=False, record_rejected=False)
-    assert out[0].tolist() == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0].tolist()
+    model, prompt, output, drafter, table = recorded_chain_call(monkeypatch, record_rejected=False)
+    assert prompt + output == model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0].tolist()
     assert any(drafter.stats.drafted_per_step[i] > kept for i, kept in enumerate(drafter.stats.accepted_per_step))  # drafts were rejected
     # each step's entries: the row's last own token and the drafts the model kept, no rejected node
     assert [len(inputs) for inputs, _ in table.calls] == [kept + 1 for kept in drafter.stats.accepted_per_step]
