@@ -306,21 +306,26 @@ def add_predictions(ids, root_token, chances, options, trie, count, heap):
 
 
 @njit(cache=True)
-def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
+def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_nodes):
     """Writes the `max_tree_nodes` non-root nodes of highest weight * depth_decay ** level, in creation order, to out_nodes; returns how many.
 
-    With depth_decay <= 1 a child never scores above its parent, and ties go to the
-    earlier-created node, so a parent always comes before its children: the result is
-    closed under parent. O(count log count).
+    Nodes created before `first_class` all rank above the later ones (a later node's parent is
+    either earlier or later, an earlier node's parent earlier). With depth_decay <= 1 a child
+    never scores above its parent, and ties go to the earlier-created node, so a parent always
+    comes before its children: the result is closed under parent. O(count log count).
     """
     _, parent, weight, _, _, _, _ = trie
     if count <= 1:
         return 0
     score = np.empty(count - 1, dtype=np.float64)
     level = np.zeros(count, dtype=np.int64)  # (count,) the root's children are level 1
+    top = 0.0
     for node in range(1, count):  # parent[node] < node: levels in one pass
         level[node] = level[parent[node]] + 1
         score[node - 1] = weight[node] * depth_decay ** level[node]
+        top = max(top, score[node - 1])
+    for node in range(1, min(first_class, count)):
+        score[node - 1] += top + 1.0
     order = np.argsort(-score, kind="mergesort")  # stable: equal scores keep creation order
     taken = min(max_tree_nodes, count - 1)
     chosen = np.sort(order[:taken]) + 1
@@ -330,8 +335,9 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, out_nodes):
 
 
 @njit(cache=True)
-def heaviest_path(trie, max_len, out_nodes):
-    """Follows the heaviest child from the root (ties: the earliest created); writes its nodes. Returns the length."""
+def heaviest_path(trie, max_len, first_class, out_nodes):
+    """Follows the heaviest child from the root (ties: the earliest created), a child created before
+    `first_class` over any later one; writes its nodes. Returns the length."""
     _, _, weight, child, sibling, _, _ = trie
     node = 0
     length = 0
@@ -339,7 +345,8 @@ def heaviest_path(trie, max_len, out_nodes):
         best = EMPTY
         c = child[node]
         while c != EMPTY:
-            if best == EMPTY or weight[c] > weight[best]:
+            if best == EMPTY or (c < first_class) > (best < first_class) or (
+                    (c < first_class) == (best < first_class) and weight[c] > weight[best]):
                 best = c
             c = sibling[c]
         if best == EMPTY:
@@ -475,10 +482,11 @@ class DraftTrie:
         nodes = self.path_nodes(1)
         return (int(self._token[nodes[0]]), float(self._weight[nodes[0]])) if nodes.shape[0] else (-1, 0.0)
 
-    def path_nodes(self, max_len: int) -> np.ndarray:
-        """The nodes of the heaviest root path, at most max_len (int64; node i was the i-th created, the root 0)."""
+    def path_nodes(self, max_len: int, *, first_class: int = 0) -> np.ndarray:
+        """The nodes of the heaviest root path, at most max_len (int64; node i was the i-th created, the root 0);
+        nodes created before `first_class` go before any later one at each branch."""
         out = np.empty(max(max_len, 0), dtype=np.int64)
-        return out[: heaviest_path(self._arrays, max_len, out)]
+        return out[: heaviest_path(self._arrays, max_len, first_class, out)]
 
     def add_predictions(self, ids: np.ndarray, root_token: int, chances: np.ndarray, *, budget: int, max_depth: int,
                         scale: float) -> None:
@@ -493,13 +501,14 @@ class DraftTrie:
         self._count = add_predictions(ids, root_token, chances, (budget, max_depth, float(scale)), self._arrays, self._count,
                                       self._heap)
 
-    def tree(self, max_tree_nodes: int, depth_decay: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    def tree(self, max_tree_nodes: int, depth_decay: float = 1.0, *, first_class: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
-        discounted by depth_decay (<= 1) per level; parents precede children, -1 is the root."""
+        discounted by depth_decay (<= 1) per level, the nodes created before `first_class` first;
+        parents precede children, -1 is the root."""
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, nodes)]
+        nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, first_class, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]

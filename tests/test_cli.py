@@ -2,6 +2,7 @@
 
 import json
 import sys
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -223,3 +224,23 @@ def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
         (d, kept, m) for d in ("float32", "bfloat16") for kept in ("kept", "fresh") for m in ("greedy", "lookup (default drafter)", "blend (default drafter)")]
     assert all(r["ms_per_token"] > 0 and r["over_greedy_min"] <= r["over_greedy_max"] for r in tpot)
     assert all(r["tau"] >= 1.0 for r in tpot) and all(r["tau"] == 1.0 and r["over_greedy_max"] == 1.0 for r in tpot[::3])
+
+
+def test_forward_cost_sleeps_per_forward_on_one_thread_and_undoes_itself(capsys):
+    import torch
+
+    from lookahead.bench.blend import forward_cost
+    from tests.models import tiny_model
+
+    model = tiny_model("llama")
+    slept = []
+    threads = torch.get_num_threads()
+    with patch("lookahead.bench.blend.time.sleep", slept.append), forward_cost(model, 2.0, 0.5):
+        assert torch.get_num_threads() == 1
+        model(torch.tensor([[1, 2, 3, 4]]))
+        model(input_ids=torch.tensor([[1, 2]]))
+    model(torch.tensor([[1]]))  # the hook is gone
+    assert slept == [pytest.approx(0.004), pytest.approx(0.003)] and torch.get_num_threads() == threads
+    with pytest.raises(SystemExit):
+        main(["bench", "--blend", "--time-blend", "--forward-cost", "20"])
+    assert "MS,MS_PER_TOKEN" in capsys.readouterr().err

@@ -161,15 +161,19 @@ def test_predictions_false_or_lookup_alone():
     assert len(table_alone.propose(4)) == 0  # a plain chain takes no table paths
 
 
-def test_lookup_leads_where_its_first_tokens_have_held_and_the_table_where_they_have_not():
-    for held, first in ((True, 3), (False, 6)):
+def test_a_whole_tree_weighs_lookup_by_how_its_first_tokens_have_held_and_a_sized_step_drafts_lookup_first():
+    for held, heaviest in ((True, 3), (False, 6)):
         drafter = learnt_drafter()
         drafter.extend([0, 5, 3, 3, 3, 0, 5])  # [0, 5] occurred, followed by 3: a 2-token match; the table says 6 after 5
         for _ in range(10):  # what lookup's first tokens at this match length did before
             drafter.lead_chances.drafted(2, 3)
             drafter.lead_chances.written(3 if held else 4)
-        chain = drafter.propose(3, hedged=True)
-        assert chain.token_ids.tolist()[0] == first and chain.match_len == (2 if held else 0)
+        tree = drafter.propose_tree(3, max_tree_nodes=1)  # unsized: the one heaviest node, by weight
+        assert tree.token_ids.tolist() == [heaviest]
+        chain = drafter.propose(3, hedged=True)  # sized: lookup's chain whenever it has one
+        assert chain.token_ids.tolist()[0] == 3 and chain.match_len == 2
+        assert drafter.grow_tree(1).token_ids.tolist() == [3]  # and lookup's nodes before the table's alone
+        assert 6 in drafter.grow_tree(8).token_ids.tolist()  # the table's fill what lookup leaves
 
 
 def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_step():

@@ -62,6 +62,36 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     assert not [p for p in expected if len(p) == len(path) + 1 and p[:-1] == path]  # it ends at a leaf
 
 
+@settings(max_examples=200, deadline=None)
+@given(candidates=candidate_lists, later=candidate_lists, max_tree_nodes=st.integers(1, 40), depth_decay=st.sampled_from([1.0, 0.9, 0.5]))
+def test_first_class_nodes_rank_before_later_ones(candidates, later, max_tree_nodes, depth_decay):
+    """tree() and path() with first_class: the nodes created before it come first (a sized step's lookup nodes
+    before the prediction table's), each class by its own score, the tree still closed under parent."""
+    trie = DraftTrie()
+    for tokens, weight in candidates:
+        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), 6)
+    first_class = len(trie) + 1  # node i + 1 is entry i of nodes(); the root is node 0
+    for tokens, weight in later:
+        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), 6)
+    weights = node_weights(trie)
+    creation = {path: i + 1 for i, path in enumerate(weights)}  # dicts keep nodes() order: creation order
+    ids, parents = trie.tree(max_tree_nodes, depth_decay, first_class=first_class)
+    paths = []
+    for token, parent in zip(ids.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    assert all(p < i for i, p in enumerate(parents.tolist())) and len(paths) == min(max_tree_nodes, len(weights))
+    score = {p: w * depth_decay ** len(p) for p, w in weights.items()}
+    early = sorted((p for p in weights if creation[p] < first_class), key=lambda p: -score[p])
+    taken_early = [p for p in paths if creation[p] < first_class]
+    assert len(taken_early) == min(len(paths), len(early))  # no later node while an earlier one is left out
+    assert sorted(score[p] for p in taken_early) == pytest.approx(sorted(score[p] for p in early[: len(taken_early)]))
+    path = tuple(trie.path_tokens(trie.path_nodes(6, first_class=first_class)).tolist())
+    for i in range(len(path)):  # at each level: an earlier child if there is one, the heaviest of its class
+        siblings = [p for p in weights if len(p) == i + 1 and p[:i] == path[:i]]
+        cls = [p for p in siblings if creation[p] < first_class] or siblings
+        assert path[: i + 1] in cls and weights[path[: i + 1]] == max(weights[p] for p in cls)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     tokens=st.lists(st.integers(0, 3), min_size=0, max_size=60),

@@ -10,6 +10,7 @@ greedy, which tests/ check). `--time-blend` adds wall-clock milliseconds per new
 default drafter (sized, tree=None) with and without the table, greedy, per --dtype.
 """
 
+import contextlib
 import json
 import sys
 import time
@@ -101,6 +102,28 @@ def measure_taus(model, prompts, *, max_new_tokens: int, progress=None) -> list[
     return rows
 
 
+@contextlib.contextmanager
+def forward_cost(model, fixed_ms: float, per_token_ms: float):
+    """Every forward of `model` also sleeps fixed_ms + per_token_ms * (the tokens it scores): a bigger model's
+    cost curve (a GPU's: a large fixed part, tokens nearly free; a CPU's: every token costs) with this
+    model's own predictions. Sleeping stands in for the device's time: the host is idle meanwhile, as
+    it is while an accelerator computes, so the drafting work is timed as it would be beside it.
+    Torch runs one thread meanwhile: woken after a sleep, its thread pool made the next forward of
+    stories260K 9 ms slower at 2 threads (1 ms at one), on this 2-core host."""
+    def sleep(module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        time.sleep((fixed_ms + per_token_ms * (ids.numel() if ids is not None else 1)) / 1e3)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    handle = model.register_forward_hook(sleep, with_kwargs=True)
+    try:
+        yield model
+    finally:
+        handle.remove()
+        torch.set_num_threads(threads)
+
+
 def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True) -> list[dict]:
     """ms per new token of plain greedy and of the default drafter (sized, tree=None) with lookup alone and
     with the blend, greedy: the methods take turns on every request, each request's fastest of
@@ -160,9 +183,11 @@ def run_blend_bench(args) -> int:
         report["tpot"] = []
         for dtype in dtypes:
             model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).eval()
-            for kept in (True, False):
-                for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept):
-                    report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
+            cost = forward_cost(model, *args.forward_cost) if args.forward_cost else contextlib.nullcontext()
+            with cost:
+                for kept in (True, False):
+                    for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept):
+                        report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
     if json_report(args, report):
         return 0
     taus = {(r["sampling"], r["drafter"], r["draft"], r["source"]): r["tau"] for r in report["tau"]}

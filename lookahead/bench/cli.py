@@ -57,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _forward_cost(text: str) -> tuple[float, float]:
+    try:
+        fixed, per_token = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS,MS_PER_TOKEN (two numbers), got {text!r}") from None
+    if fixed < 0 or per_token < 0:
+        raise argparse.ArgumentTypeError(f"the costs must be >= 0, got {text!r}")
+    return fixed, per_token
+
+
 def add_bench_arguments(parser) -> None:
     parser.add_argument("--model", default=None, help="hub name or local folder of a causal LM (default: random weights, forced)")
     parser.add_argument("--prompts", type=Path, default=None, help="JSON lines with a 'prompt' text each (with --model)")
@@ -100,6 +110,9 @@ def add_bench_arguments(parser) -> None:
                              "greedy outputs with its top-8 ids at every position, for `lookahead replay` (built-in story "
                              "openings or --prompts; --requests, --max-new-tokens)")
     parser.add_argument("--time-blend", action="store_true", help="with --blend: also ms per new token of the default drafter with and without predictions")
+    parser.add_argument("--forward-cost", type=_forward_cost, default=None, metavar="MS,MS_PER_TOKEN",
+                        help="with --time-blend: every forward also sleeps MS + MS_PER_TOKEN * its tokens (a bigger model's "
+                             "cost curve beside the real model's predictions), torch on one thread; e.g. 20,0.1 (a GPU's) or 20,4 (a CPU's)")
     parser.add_argument("--batch", default=None,
                         help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
                              "requests per size (--traces, default ../shared/traces; skipped where absent)")

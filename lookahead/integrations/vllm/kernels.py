@@ -222,7 +222,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
         anchored = max(match_len, substituted) if count > 1 else 0
-        length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), out_ids[r])  # its nodes
+        length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), 0, out_ids[r])  # its nodes
         for i in range(length):
             out_ids[r, i] = trie[0][out_ids[r, i]]  # the nodes' tokens
         out_len[r] = length
