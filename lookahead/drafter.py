@@ -43,11 +43,12 @@ PREDICTION_TREE_NODES = 64  # and a tree's
 # come first and the table's fill what they leave: the chain is lookup's heaviest path whenever
 # lookup has one (its keep rate, learnt per match length, prices it), the tree lookup's heaviest
 # nodes before any of the table's alone. A sized step verifies few nodes, and there the table's
-# weights (tuned on whole trees) displaced lookup's better ones: on stories260K, 15 openings x 400
-# tokens, float32 trees, one drafter kept, τ 2.66 blended by weight against lookup's 2.81; lookup
-# first 3.34 / 3.08 against 3.27 / 3.03 (fresh drafters: 1.70 / 1.66 by weight, 1.78 / 1.75 and
-# 1.77 / 1.75 lookup first), 2026-12-03. Unsized (propose_tree) the blend is by weight: lookup
-# first there gave τ 5.38 / 2.57 greedy against 6.02 / 3.11 by weight (kept / fresh, 30 openings).
+# weights (tuned on whole trees) displaced lookup's better ones. On stories260K, 15 openings x 400
+# tokens, float32 trees, sized, τ of the blend against lookup alone's: by weight 2.66 against 2.81
+# with one drafter kept, 1.70 against 1.66 fresh; lookup first 3.34 against 3.27 and 3.08 against
+# 3.03 kept (two runs), 1.78 against 1.75 and 1.77 against 1.75 fresh (2026-12-03). Unsized
+# (propose_tree) the blend is by weight: lookup first there gave τ 5.38 / 2.57 greedy against
+# 6.02 / 3.11 by weight (kept / fresh, 30 openings).
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
