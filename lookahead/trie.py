@@ -319,13 +319,11 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
         return 0
     score = np.empty(count - 1, dtype=np.float64)
     level = np.zeros(count, dtype=np.int64)  # (count,) the root's children are level 1
-    top = 0.0
     for node in range(1, count):  # parent[node] < node: levels in one pass
         level[node] = level[parent[node]] + 1
         score[node - 1] = weight[node] * depth_decay ** level[node]
-        top = max(top, score[node - 1])
-    for node in range(1, min(first_class, count)):
-        score[node - 1] += top + 1.0
+    if first_class > 1:  # scores are >= 0: lifted above the highest, the earlier nodes all rank first
+        score[: min(first_class, count) - 1] += score.max() + 1.0
     order = np.argsort(-score, kind="mergesort")  # stable: equal scores keep creation order
     taken = min(max_tree_nodes, count - 1)
     chosen = np.sort(order[:taken]) + 1
@@ -342,12 +340,12 @@ def heaviest_path(trie, max_len, first_class, out_nodes):
     node = 0
     length = 0
     while length < max_len:
-        best = EMPTY
+        best, best_early = EMPTY, False
         c = child[node]
         while c != EMPTY:
-            if best == EMPTY or (c < first_class) > (best < first_class) or (
-                    (c < first_class) == (best < first_class) and weight[c] > weight[best]):
-                best = c
+            early = c < first_class
+            if best == EMPTY or early > best_early or (early == best_early and weight[c] > weight[best]):
+                best, best_early = c, early
             c = sibling[c]
         if best == EMPTY:
             break
