@@ -201,16 +201,19 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
                             cache, uncached=u, dtype=dtype)
         logits, first_logit = forward_block(model, block, cache, logits_to_keep, device)
-        # The model's top-k (a top-k over rows x entries x vocab) only where the call's drafts read the table:
-        # a plain chain takes none of it, so chains alone (tree=False, or tree=None decided against trees) skip it.
-        table = active[0].request.drafter.predictions  # siblings share their parent's
-        learn = active[0].request.drafter.reads_predictions(tree=trees)
-        top = top_ids(logits, u - 1 - first_logit, table.k) if learn else None  # (rows, entries from u - 1, k)
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
         walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
                       step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
+        # The model's top-k only where the call's drafts read the table (a plain chain takes none of it, so chains
+        # alone, tree=False or tree=None decided against trees, skip it), and only at the entries the table learns
+        # from: each row's block from its last own token (u - 1) on, or its kept path alone (record_rejected=False).
+        table = active[0].request.drafter.predictions  # siblings share their parent's
+        learnt = None  # per row, the block entries the table learns from
+        if active[0].request.drafter.reads_predictions(tree=trees):
+            learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
+            top = top_ids(logits, [[i - first_logit for i in entries] for entries in learnt], table.k)
         if costs is not None:  # the step's real shape; the walk's choices synced the device
             observe = costs.observe_prefill if first else functools.partial(costs.observe, tree=block.is_tree)
             observe(len(active), block.tokens.shape[1], time.perf_counter() - start)
@@ -225,10 +228,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             row.context += new
-            predicted = None
-            if top is not None:  # the block's entries from the row's last own token (u - 1) on, and their top-k
-                entries = range(u - 1, len(block.ids[r])) if options.record_rejected else path
-                predicted = ([block.ids[r][i] for i in entries], top[r, [i - (u - 1) for i in entries]])
+            predicted = None if learnt is None else ([block.ids[r][i] for i in learnt[r]], top[r])
             row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
                 if batch:

@@ -161,10 +161,13 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
         path.append(child)
 
 
-def top_ids(logits: torch.Tensor, skip: int, k: int) -> np.ndarray:
-    """(rows, entries - skip, k) int32: each entry's k highest-scoring ids from entry `skip` of the logits
-    on, highest first, in one transfer from the device. Cost: a top-k over (rows, entries, vocab) there."""
-    return logits[:, skip:].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()
+def top_ids(logits: torch.Tensor, entries: list[list[int]], k: int) -> list[np.ndarray]:
+    """Per row r, (len(entries[r]), k) int32: the k highest-scoring ids at each of its logit positions
+    entries[r], highest first. Cost: a top-k over (sum of the entries, vocab) on the device, one transfer."""
+    rows = torch.tensor([r for r, positions in enumerate(entries) for _ in positions], dtype=torch.long, device=logits.device)
+    positions = torch.tensor([i for row in entries for i in row], dtype=torch.long, device=logits.device)
+    ids = logits[rows, positions].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()
+    return np.split(ids, np.cumsum([len(row) for row in entries])[:-1])
 
 
 def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
