@@ -118,6 +118,24 @@ def test_repeats_time_each_request_by_its_fastest_run():
     assert row["ttft_ms"] * row["requests"] + row["tpot_ms"] * (row["tokens"] - row["requests"]) == pytest.approx(row["seconds"] * 1e3)
 
 
+def test_methods_take_turns_starting_in_rotation_and_exactness_is_against_greedy(monkeypatch):
+    from lookahead.bench.timing import Timing
+
+    calls = []
+
+    def fake(model, task, options, *, forward_time=False):
+        calls.append(options["name"])
+        out = task.prompt + ([7] if options["name"] == "bad" else [5])  # greedy writes 5
+        return out, Timing(seconds=1.0, first_token_s=0.5, forwards=1, forward_s=None)
+
+    monkeypatch.setattr(e2e, "generate_task", fake)
+    methods = [(name, (lambda name: lambda: {"name": name})(name)) for name in ("greedy", "a", "bad")]
+    tasks = [traces.Task([1, 2], None, None, 1) for _ in range(4)]
+    totals = e2e.time_methods(None, tasks, methods, turn=1)
+    assert calls == ["a", "bad", "greedy", "bad", "greedy", "a", "greedy", "a", "bad", "a", "bad", "greedy"]
+    assert totals["greedy"]["exact"] and totals["a"]["exact"] and not totals["bad"]["exact"]  # greedy's output, whenever it ran
+
+
 def test_one_drafter_per_method_serves_all_of_a_files_requests(tiny, tmp_path, monkeypatch):
     from lookahead import LookupDrafter
 

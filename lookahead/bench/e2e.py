@@ -239,7 +239,8 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
         for repeat in range(repeats):
             for name, requests in tasks.items():
                 bar.set_description(f"{dtype} {name}" + (f" run {repeat + 1}/{repeats}" if repeats > 1 else ""))
-                runs[name].append(time_methods(model, requests, methods, on_request=bar.update, forward_time=forward_time))
+                runs[name].append(time_methods(model, requests, methods, on_request=bar.update, forward_time=forward_time,
+                                                turn=repeat * len(requests)))
     rows = []
     for name, per_run in runs.items():
         for method, _ in methods:
@@ -247,18 +248,22 @@ def bench_model(model, tasks: dict[str, list[Task]], methods, *, repeats: int = 
     return rows
 
 
-def time_methods(model, requests: list[Task], methods, *, on_request=None, forward_time: bool = False) -> dict[str, dict]:
+def time_methods(model, requests: list[Task], methods, *, on_request=None, forward_time: bool = False, turn: int = 0) -> dict[str, dict]:
     """One run over `requests`: per method and request, its seconds, time to first token and
     tokens (and seconds inside the forward with forward_time); summed forward passes; whether
-    every output was exact. Methods take turns on each request, so load hits all alike."""
+    every output was exact (the reference, or without one the first method's output: greedy's).
+    Methods take turns on each request, so load hits all alike, and request i starts with method
+    (turn + i) mod M, so a drift within a request's turns (the host warming or cooling) favours none of them."""
     options = {name: make() for name, make in methods}  # one drafter per method for all the requests
     totals = {name: dict(request_seconds=[], request_first_token_s=[], request_forward_s=[], request_forwards=[], request_tokens=[], tokens=0, forwards=0, exact=True)
               for name, _ in methods}
-    for task in requests:
-        expected = None if task.reference is None else task.prompt + task.reference
-        for name, _ in methods:
+    names = [name for name, _ in methods]
+    for i, task in enumerate(requests):
+        outputs = {}
+        first = (turn + i) % len(names)
+        for name in names[first:] + names[:first]:
             out, timing = generate_task(model, task, options[name], forward_time=forward_time)
-            expected = out if expected is None else expected  # no reference: the first method's (greedy) output
+            outputs[name] = out
             t = totals[name]
             t["request_seconds"].append(timing.seconds)
             t["request_first_token_s"].append(timing.first_token_s)
@@ -267,7 +272,9 @@ def time_methods(model, requests: list[Task], methods, *, on_request=None, forwa
             t["request_tokens"].append(len(out) - len(task.prompt))
             t["tokens"] += len(out) - len(task.prompt)
             t["forwards"] += timing.forwards
-            t["exact"] &= out == expected
+        expected = outputs[names[0]] if task.reference is None else task.prompt + task.reference
+        for name, out in outputs.items():
+            totals[name]["exact"] &= out == expected
         if on_request is not None:
             on_request(1)
     return totals
