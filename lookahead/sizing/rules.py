@@ -93,38 +93,42 @@ def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
     lengths[r] == 0, need not be passed); returns (drafted tokens taken, of them expected kept).
 
     Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
-    likeliest first (ties: lower row, then lower j) while each clears G / (fixed_cost_tokens + T).
-    Cost: O(D log D) for D drafted tokens.
+    likeliest first (ties: lower row) while each clears G / (fixed_cost_tokens + T). Within a row
+    the chances fall with j, so the likeliest token left is some row's next one: each take scans
+    the rows with tokens left. Cost: O(R + taken x R') for R rows, R' of them with a chain; no sort.
     """
-    total = 0
-    for r in range(chances.shape[0]):
+    n = chances.shape[0]
+    live = np.empty(n, dtype=np.int64)  # (live,) rows with tokens left to take, a nonzero chance
+    chance = np.empty(n, dtype=np.float64)  # (live,) its chance per token
+    gain = np.empty(n, dtype=np.float64)  # (live,) its next token's chance, chance ** (sizes[row] + 1)
+    m = 0
+    for r in range(n):
         sizes[r] = 0
-        total += lengths[r]
-    if total == 0:
-        return 0, 0.0
-    gains = np.empty(total, dtype=np.float64)  # (drafted token,) in row-major order
-    owner = np.empty(total, dtype=np.int64)  # (drafted token,) its row
-    t = 0
-    for r in range(chances.shape[0]):
         a = min(chances[r], MAX_CHANCE)
-        g = 1.0
-        for _ in range(lengths[r]):
-            g *= a
-            gains[t] = g
-            owner[t] = r
-            t += 1
-    order = np.argsort(-gains, kind="mergesort")  # stable: ties keep row-major order
+        if lengths[r] > 0 and a > 0.0:
+            live[m], chance[m], gain[m] = r, a, a
+            m += 1
     expected = float(rows)  # G: each row's own token
     verified = float(rows)  # T
     taken = 0
-    for i in range(total):
-        gain = gains[order[i]]
-        if gain <= expected / (fixed_cost_tokens + verified):
+    while m > 0:
+        best = 0
+        for i in range(1, m):
+            if gain[i] > gain[best] or (gain[i] == gain[best] and live[i] < live[best]):
+                best = i
+        g = gain[best]
+        if g <= expected / (fixed_cost_tokens + verified):
             break
-        sizes[owner[order[i]]] += 1
-        expected += gain
+        r = live[best]
+        sizes[r] += 1
+        expected += g
         verified += 1.0
         taken += 1
+        if sizes[r] == lengths[r]:  # the row's chain is all taken: the last live row takes its place
+            m -= 1
+            live[best], chance[best], gain[best] = live[m], chance[m], gain[m]
+        else:
+            gain[best] = g * chance[best]
     return taken, expected - rows
 
 
