@@ -485,7 +485,7 @@ def greedy_batch_sizes(chances, lengths, fixed_cost_tokens):
     return sizes
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(16))
 def test_batch_sizes_kernel_equals_a_greedy_reference(seed):
     rng = np.random.default_rng(seed)
     chances = rng.choice([0.0, 0.2, 0.5, 0.9, 0.999, 1.0], size=12)
@@ -572,6 +572,34 @@ def test_step_costs_measured_between_calls():
     runner.step(proposer, [("a", A, output), ("b", B, [20])], [[9], [20]])  # "b" joined: its prefill ran in the step
     assert proposer.cost.samples == 2
     assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
+
+
+def test_the_gate_is_asked_and_taught_under_the_kept_tokens_each_steps_drafts_promised(monkeypatch):
+    proposer = LookupProposer(fake_config(k=4))
+    runner = FakeRunner(proposer)
+    now = [0.0]
+    proposer.clock = lambda: now[0]
+    expected = []  # per step: the sizer's expected kept tokens of what it took (0: nothing taken)
+    sizes = proposer_module.batch_sizes
+    monkeypatch.setattr(proposer_module, "batch_sizes", lambda *a: (lambda out: expected.__setitem__(-1, out[1]) or out)(sizes(*a)))
+    asked, taught = [], []
+    proposer.gate = SimpleNamespace(allows=lambda rows, promise: asked.append(promise) or True,
+                                    observe=lambda rows, promise, rate: taught.append(promise))
+    period = lambda i: 7 + i % 4  # noqa: E731  the model writes 7, 8, 9, 10, 7, ...
+    prompt, output, sampled, promised = [period(i) for i in range(16)], [7], [[7]], []
+    for _ in range(10):
+        expected.append(0.0)
+        draft = runner.step(proposer, [("a", prompt, output)], sampled)[0]
+        promised.append(expected[-1] if draft else 0.0)
+        kept = 0
+        while kept < len(draft) and draft[kept] == period(len(output) + kept):
+            kept += 1
+        sampled = [[period(len(output) + j) for j in range(kept + 1)]]
+        output = output + sampled[0]
+        now[0] += 0.01
+    sent = [p for p in promised if p > 0]
+    assert len(sent) >= 5 and asked == sent  # asked about every step that drafted, with what its drafts promised
+    assert taught == promised[:-1]  # each step measured at the next call, under its own promise
 
 
 @pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])

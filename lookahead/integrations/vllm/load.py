@@ -93,52 +93,66 @@ def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: fl
 
 class DraftGate:
     """Whether to send drafts at a load, from the engine's measured throughput: tokens per second of
-    the steps that verified drafts against those that did not, per batch size (rows in powers of two).
+    the steps that verified drafts against those that did not, per batch size (rows in powers of two)
+    and, for drafted steps, per class of the drafts' expected kept tokens per decode row
+    (`EXPECTED_EDGES`): a step's fixed cost of verifying any draft is paid whatever the drafts hold,
+    so drafts that promise little can lose where drafts that promise much win.
 
-    The cost line above is a model; this is what the steps showed. A load's drafted steps are
-    tried first (`EXPLORE` of them), then its plain ones; after that drafts go out only while
-    drafted steps have yielded at least as many tokens per second as plain ones there, and one
-    step in `RETRY` tries the arm not taken, so that a load whose balance moves is measured again.
-    Each arm's rate is a faded mean (`fade` per step of that arm and load).
+    The cost line above is a model; this is what the steps showed. A (load, class)'s drafted steps
+    are tried first (`EXPLORE` of them), then the load's plain ones; after that drafts of that class
+    go out only while its drafted steps have yielded at least as many tokens per second as plain ones
+    there, and one decision in `RETRY` takes the arm not taken, so that a balance that moves is
+    measured again. Each arm's rate is a faded mean (`fade` per step of that arm).
 
     Example:
         >>> gate = DraftGate()
         >>> for _ in range(8):
-        ...     gate.observe(64, True, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
-        ...     gate.observe(64, False, 800.0)  # plain ones: 800
-        ...     gate.observe(1, True, 120.0)
-        ...     gate.observe(1, False, 80.0)
-        >>> gate.allows(64), gate.allows(1)
-        (False, True)
+        ...     gate.observe(64, 8.0, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
+        ...     gate.observe(64, 0.0, 800.0)   # plain ones: 800
+        ...     gate.observe(1, 0.1, 70.0)     # one row: drafts expected to keep 0.1 token lose,
+        ...     gate.observe(1, 2.0, 120.0)    # drafts expected to keep 2 win
+        ...     gate.observe(1, 0.0, 80.0)
+        >>> gate.allows(64, 8.0), gate.allows(1, 0.1), gate.allows(1, 2.0)
+        (False, False, True)
     """
 
-    EXPLORE = 3  # steps of each arm measured at a load before the rates decide
-    RETRY = 16  # one decision in RETRY at a load takes the other arm
+    EXPLORE = 3  # steps of each arm measured at a (load, class) before the rates decide
+    RETRY = 16  # one decision in RETRY at a (load, class) takes the other arm
+    EXPECTED_EDGES = (0.25, 0.5, 1.0)  # drafted steps' classes: expected kept tokens per decode row below each edge, or above all
 
     def __init__(self, *, fade: float = 0.8):
         self.fade = fade
-        self._rate: dict = {}  # (load, drafted) -> faded tokens per second
-        self._count: dict = {}  # (load, drafted) -> steps measured
-        self._decisions: dict = {}  # load -> decisions made
+        self._rate: dict = {}  # (load, class) -> faded tokens per second; class -1: plain steps
+        self._count: dict = {}  # (load, class) -> steps measured
+        self._decisions: dict = {}  # (load, class) -> decisions made
 
     @staticmethod
     def load_of(rows: int) -> int:
         return max(int(rows), 1).bit_length()  # 1, 2-3, 4-7, 8-15, ...
 
-    def observe(self, rows: int, drafted: bool, tokens_per_s: float) -> None:
-        key = (self.load_of(rows), bool(drafted))
+    @classmethod
+    def class_of(cls, rows: int, expected: float) -> int:
+        """-1 for a plain step (nothing expected: no draft sent), else the drafts' class 0..len(EXPECTED_EDGES)."""
+        if expected <= 0.0:
+            return -1
+        per_row = expected / max(int(rows), 1)
+        return sum(per_row >= edge for edge in cls.EXPECTED_EDGES)
+
+    def observe(self, rows: int, expected: float, tokens_per_s: float) -> None:
+        """A measured step of `rows` decode rows whose drafts were expected to keep `expected` tokens (0: none sent)."""
+        key = (self.load_of(rows), self.class_of(rows, expected))
         old = self._rate.get(key)
         self._rate[key] = tokens_per_s if old is None else self.fade * old + (1 - self.fade) * tokens_per_s
         self._count[key] = self._count.get(key, 0) + 1
 
-    def allows(self, rows: int) -> bool:
-        """Whether drafts may be sent to a step of `rows` decode rows."""
-        load = self.load_of(rows)
-        drafted, plain = self._count.get((load, True), 0), self._count.get((load, False), 0)
+    def allows(self, rows: int, expected: float) -> bool:
+        """Whether drafts expected to keep `expected` tokens may be sent to a step of `rows` decode rows."""
+        load, kind = self.load_of(rows), self.class_of(rows, expected)
+        drafted, plain = self._count.get((load, kind), 0), self._count.get((load, -1), 0)
         if drafted < self.EXPLORE:
             return True
         if plain < self.EXPLORE:
             return False
-        decision = self._decisions[load] = self._decisions.get(load, 0) + 1
-        better = self._rate[(load, True)] >= self._rate[(load, False)]
+        decision = self._decisions[(load, kind)] = self._decisions.get((load, kind), 0) + 1
+        better = self._rate[(load, kind)] >= self._rate[(load, -1)]
         return better != (decision % self.RETRY == 0)

@@ -229,7 +229,7 @@ class LookupProposer:
         fixed = options["fixed_cost_tokens"]
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
-        self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load
+        self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load and promise
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
@@ -254,7 +254,7 @@ class LookupProposer:
         self._retired = False  # whether a request was retired since _slots_seen
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
-        self._last_step = None  # (decode row keys, tokens verified, time returned) of the last step
+        self._last_step = None  # (decode row keys, tokens verified, drafted?, kept tokens its drafts promised, time returned) of the last step
         self._last_keys: set = set()  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
@@ -376,18 +376,21 @@ class LookupProposer:
         self.stats.skipped_steps += decode > 0 and not drafting
 
         lengths, sizes = self._out_len[:num_rows], self._sizes[:num_rows]
-        sent_tokens = 0
+        sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
             taken, expected = batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if (plain or not worth_sending(decode, expected, taken, h, d)
-                        or (self.gate is not None and not self.gate.allows(decode))):
+                        or (self.gate is not None and not self.gate.allows(decode, expected))):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
+                else:
+                    promised = expected
         elif drafting:
             sizes[:] = lengths
+            promised = float(lengths.sum())  # unsized: the gate is not asked; its classes see the whole chains
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
@@ -407,7 +410,7 @@ class LookupProposer:
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()]
-        self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
+        self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
         self._last_keys = set(keys)
         return out
 
@@ -422,11 +425,11 @@ class LookupProposer:
         last, self._last_step = self._last_step, None
         if not isinstance(self.cost, DraftStepCost) or last is None or joined:
             return
-        decode_keys, tokens, drafted, returned = last
+        decode_keys, tokens, drafted, promised, returned = last
         if not num_sampled.all() or keys != decode_keys or now <= returned:
             return
         self.cost.observe(tokens, drafted, now - returned)
-        self.gate.observe(len(keys), drafted, float(num_sampled.sum()) / (now - returned))  # the tokens that step wrote
+        self.gate.observe(len(keys), promised if drafted else 0.0, float(num_sampled.sum()) / (now - returned))  # the tokens it wrote
 
     # -- rows -> requests ----------------------------------------------------------------------
 
