@@ -15,7 +15,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
 from lookahead.bench.families import NEW_TOKENS, WINDOW, prompt, run_family, tiny_model
-from lookahead.integrations.hf import cache_inputs
+from lookahead.integrations.hf import RECURRENT_ROLLBACK, cache_inputs
 from lookahead.integrations import support
 from lookahead.integrations.support import tree_support
 
@@ -30,8 +30,8 @@ SUBSET = {  # those the installed transformers has (lfm3 is newer than 5.17)
     "lfm3": "hybrid: convolution, attention and sliding-window layers (was CRASHED in crop)",
     "bloom": "ALiBi, no 4-D mask: chains only (was CRASHED in the calibration's tree forward)",
     "bart": "a decoder whose attention does not take the tree mask as given: trees refused by the probe",
-    "mamba": "state-space: refused (was CRASHED inside the cache)",
-    "qwen3_next": "linear attention hybrid: refused",
+    "mamba": "state-space: chains from transformers 5.25, refused before (was CRASHED inside the cache)",
+    "qwen3_next": "linear attention hybrid: chains from transformers 5.25, refused before",
     "xlnet": "a cache of its own: refused",
     "openai-gpt": "no KV cache: refused",
     "prophetnet": "a cache that takes one new token per forward: refused by the probe (transformers' PLD crashes)",
@@ -53,16 +53,12 @@ def test_chains_exact_through_both_entry_points(family):
     assert (row["assistant"], row["chain"]) == ("exact", "exact"), row
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "cohere2"])
-@pytest.mark.parametrize("entry", ["assistant_model", "lookahead.generate"])
-def test_sliding_window_exact_past_the_window(family, entry):
-    # The prompt ends with 12 tokens seen 40 tokens earlier, so the lookup drafts what followed them:
-    # a long draft rejected right after the prefill, then one accepted, long after the window filled.
-    model = tiny_model(family)
-    assert model.config.sliding_window == WINDOW
+def generate_with_rollbacks(model, family: str, entry: str):
+    """(prompt, got, plain greedy's, drafter): 40 greedy tokens through `entry`, unsized chains, after a prompt
+    that ends with 12 tokens seen 40 tokens earlier, so the lookup drafts what followed them: a long draft
+    rejected right after the prefill, then one accepted (long after a sliding window filled)."""
     start = prompt(family)
     ids = torch.cat([model.generate(start, max_new_tokens=40, do_sample=False), start[:, -12:]], dim=1)
-    assert ids.shape[1] > 8 * WINDOW
     options = dict(max_new_tokens=40, do_sample=False)
     expected = model.generate(ids, **options)
     drafter = LookupDrafter(cost_aware=False)
@@ -70,6 +66,16 @@ def test_sliding_window_exact_past_the_window(family, entry):
         got = model.generate(ids, assistant_model=drafter, **options)
     else:
         got = lookahead.generate(model, ids, drafter=drafter, tree=False, **options)
+    return ids, got, expected, drafter
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "cohere2"])
+@pytest.mark.parametrize("entry", ["assistant_model", "lookahead.generate"])
+def test_sliding_window_exact_past_the_window(family, entry):
+    model = tiny_model(family)
+    assert model.config.sliding_window == WINDOW
+    ids, got, expected, drafter = generate_with_rollbacks(model, family, entry)
+    assert ids.shape[1] > 8 * WINDOW
     assert got.tolist() == expected.tolist()
     # Kept: 40 tokens in few steps. Rolled back: more tokens drafted than written.
     assert drafter.stats.steps <= 10 and drafter.stats.drafted >= 40 + 20
@@ -88,6 +94,7 @@ def test_trees_exact_where_the_probe_allows_them():
         assert run_family(family)["tree"] == "exact"
 
 
+@pytest.mark.skipif(RECURRENT_ROLLBACK, reason="transformers >= 5.25 rolls recurrent states back: the next test")
 @pytest.mark.parametrize("family", ["mamba", "qwen3_next"])
 def test_stateful_models_refused_before_any_forward_pass(family, monkeypatch):
     model = tiny_model(family)
@@ -99,6 +106,21 @@ def test_stateful_models_refused_before_any_forward_pass(family, monkeypatch):
     with pytest.raises(ValueError, match="stateful"):  # transformers refuses first, before it reads the drafter
         model.generate(prompt(family), assistant_model=LookupDrafter(), max_new_tokens=4, do_sample=False)
     assert calls == []
+
+
+@pytest.mark.skipif(not RECURRENT_ROLLBACK, reason="transformers < 5.25 cannot roll recurrent states back: the test above")
+@pytest.mark.parametrize("family", ["mamba", "qwen3_next", "jamba"])
+@pytest.mark.parametrize("entry", ["assistant_model", "lookahead.generate"])
+def test_recurrent_states_rolled_back_on_chains_and_refused_on_trees_and_batches(family, entry):
+    model = tiny_model(family)
+    ids, got, expected, drafter = generate_with_rollbacks(model, family, entry)
+    assert got.tolist() == expected.tolist()
+    assert drafter.stats.drafted >= 40 + 20  # rolled back (hf.keep_rollback): more tokens drafted than written
+    options = dict(max_new_tokens=40, do_sample=False)
+    with pytest.raises(UnsupportedGenerationError, match=r"LinearAttentionLayer.*cannot be gathered per tree path"):
+        lookahead.generate(model, ids, tree=True, **options)
+    with pytest.raises(UnsupportedGenerationError, match=r"LinearAttentionLayer.*cannot be gathered per row: generate one row"):
+        lookahead.generate(model, torch.cat([ids, ids]), tree=False, **options)
 
 
 def test_probe_runs_once_per_model(monkeypatch):

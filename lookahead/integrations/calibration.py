@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lookahead.draft import Draft
-from lookahead.integrations.hf import cache_inputs, drop_cache_tail, head_ratio, new_cache, supports_logits_to_keep
+from lookahead.integrations.hf import cache_inputs, drop_cache_tail, head_ratio, keep_rollback, new_cache, supports_logits_to_keep
 from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import tree_support
 from lookahead.integrations.verify import build_block, forward_block
@@ -113,6 +113,7 @@ def _calibrate(model, context: int = 256, repeats: int = 3) -> dict:
         drop_cache_tail(cache, 0)  # a recording sliding-window layer cut back to its window, as after every step
 
         def forward(block):
+            keep_rollback(cache, block.shape[1])  # the whole block is dropped again
             seconds = timed_forward(model, lambda: model(**cache_inputs(model, cache), input_ids=block))
             drop_cache_tail(cache, block.shape[1])
             return seconds

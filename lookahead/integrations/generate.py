@@ -34,11 +34,13 @@ from lookahead.drafter import LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.hf import (
-    cache_rows_gatherable, decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
+    decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
     streamer_dropped_by_transformers, supports_logits_to_keep, vocab_size,
 )
 from lookahead.integrations.row_cache import RowCache
-from lookahead.integrations.support import check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support
+from lookahead.integrations.support import (
+    check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support, ungatherable_layers,
+)
 from lookahead.integrations.verify import build_block, forward_block, greedy_choices, stop_index, top_ids, walk
 from lookahead.request import Request
 from lookahead.sizing.cost import StepCosts
@@ -185,9 +187,8 @@ def through_transformers(model, input_ids, loop: dict, **kwargs):
 def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool) -> tuple[list, RowCache]:
     """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache."""
     cache = RowCache(new_cache(model), len(rows))
-    if len(rows) > 1 and not cache_rows_gatherable(cache.cache):
-        raise UnsupportedGenerationError(f"{type(model).__name__} keeps sliding-window cache layers, which cannot be gathered "
-                                         "per row: generate one row at a time")
+    if len(rows) > 1 and (reason := ungatherable_layers(model, cache.cache, "row")) is not None:
+        raise UnsupportedGenerationError(f"{reason}: generate one row at a time")
     logits_to_keep = supports_logits_to_keep(model)
     device = model.device  # read once: transformers finds it by walking the parameters
     dtype = model.dtype if model.dtype.is_floating_point else torch.float32

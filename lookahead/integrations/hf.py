@@ -5,7 +5,8 @@ transformers moves it): `_validate_generation_mode` (locals self, generation_mod
 generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwargs),
 `_assisted_decoding` (stopping_criteria) and `generate` (streamer, which transformers
 does not forward to a custom_generate). Caches: transformers 5's DynamicCache and its
-layers (`crop`, `layers[i].keys/values`). Processors with per-row state: the repetition
+layers (`crop`, `layers[i].keys/values`; from 5.25, `activate_past_recording`'s
+`recurrent_states_to_keep`). Processors with per-row state: the repetition
 penalty's prompt_ignore_length and prefix_allowed_tokens_fn's batch id.
 """
 
@@ -17,14 +18,18 @@ import sys
 
 import numpy as np
 import torch
+import transformers
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
-from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
 FRAMES_SEARCHED = 4  # how far up the stack a transformers caller is looked for
+TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+# From transformers 5.25 a recurrent (state-space, linear-attention) layer can roll its state back,
+# when told before a forward how many of its last tokens a crop may remove (keep_rollback).
+RECURRENT_ROLLBACK = TRANSFORMERS_VERSION >= (5, 25)
 
 
 # -- frames ---------------------------------------------------------------------------------
@@ -82,11 +87,24 @@ def new_cache(model) -> DynamicCache:
     """The cache plain generate builds for `model`, recording its past as transformers' assisted loop does.
 
     Recording: a sliding-window or convolution layer keeps the states a rollback may need
-    (not only its window) until the next `crop`, so every step can drop its rejected tokens.
+    (not only its window) until the next `crop`, so every step can drop its rejected tokens;
+    a recurrent layer keeps what keep_rollback asks for (here: a crop of none).
     """
     cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()
+    if RECURRENT_ROLLBACK:
+        keep_rollback(cache, 1)
+    else:
+        cache.activate_past_recording()
     return cache
+
+
+def keep_rollback(cache: DynamicCache, tokens: int) -> None:
+    """Lets a crop after the next forward remove up to `tokens` - 1 of its tokens, or all of them if it has
+    no more than `tokens`. A recurrent layer then keeps its state before each of its last `tokens` tokens
+    (that many states of memory per layer, and those tokens run one at a time through its scan); other
+    layers record their past regardless. Call it before every forward whose tokens may be rolled back."""
+    if RECURRENT_ROLLBACK:
+        cache.activate_past_recording(recurrent_states_to_keep=tokens)
 
 
 def drop_cache_tail(cache: DynamicCache, count: int) -> None:
@@ -157,11 +175,6 @@ def gather_cache_tail(cache: DynamicCache, start: int, positions: torch.Tensor) 
             tail = tensor[:, :, start:].gather(2, index.expand(-1, tensor.shape[1], -1, tensor.shape[3]))
             tensor[:, :, start:end] = tail
             setattr(layer, name, tensor[:, :, :end])
-
-
-def cache_rows_gatherable(cache: DynamicCache) -> bool:
-    """Whether every layer is a plain DynamicLayer (a sliding-window layer cannot be gathered per row)."""
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def row_processors(processors, row: int, batch: int):

@@ -1,8 +1,8 @@
 """What a model and a call support: the refusals at each entry point, declared or found by a probe.
 
 Every refusal is one line of UnsupportedGenerationError naming the limitation and what to do
-instead, raised before any forward pass where the model declares it (a recurrent state, a
-cache of its own, an encoder-decoder, beam search, a static cache) or its family is declared
+instead, raised before any forward pass where the model declares it (before transformers 5.25,
+a recurrent state; a cache of its own, an encoder-decoder, beam search, a static cache) or its family is declared
 exact (DECLARED_EXACT), or after a probe of a few small forward passes, once per model, where
 only running it tells (a forward that gives other logits over a cache, or ignores a 4-D mask).
 """
@@ -17,11 +17,11 @@ from transformers.cache_utils import DynamicLayer
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.index import as_id_set
 from lookahead.integrations.hf import (
-    cache_inputs, cache_keyword, chain_positions, drop_cache_tail, gather_cache_tail, new_cache, vocab_size,
+    TRANSFORMERS_VERSION, cache_inputs, cache_keyword, chain_positions, drop_cache_tail, gather_cache_tail, keep_rollback,
+    new_cache, vocab_size,
 )
 
 ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
-TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {("chain"/"tree", training): reason or None}
 PROBE_PREFIX = 6  # cached tokens before a probe's block
 PROBE_BRANCH = 2  # tokens per branch of the probe's two-branch tree
@@ -40,8 +40,9 @@ MASK_ATTENTION = ("eager", "sdpa")  # attention implementations that take a 4-D 
 def unsupported_reason(model) -> str | None:
     """Why drafts cannot be verified on `model` (None: they can), from what the model declares and one probe.
 
-    Declared, before any forward pass: a recurrent / state-space / linear-attention state
-    (transformers' `_is_stateful`, its own refusal of assisted generation), a cache of the
+    Declared, before any forward pass: before transformers 5.25, a recurrent / state-space /
+    linear-attention state (its `_is_stateful`, its own refusal of assisted generation; from 5.25
+    such layers roll back, hf.keep_rollback), a cache of the
     model's own (not a transformers Cache), a forward that takes no cache. Then, once per
     model, `chain_support`: a block of new tokens over a cache must give the logits of the
     whole sequence, and the cache must roll back (cost: 4 small forward passes).
@@ -113,15 +114,15 @@ def tree_support(model) -> str | None:
     return _probed(model, "tree", _probe_tree)
 
 
-def ungatherable_layers(model, cache) -> str | None:
-    """Why `cache`'s layers cannot be gathered per tree path (sliding windows, linear attention), or None."""
+def ungatherable_layers(model, cache, per: str = "tree path") -> str | None:
+    """Why `cache`'s layers cannot be gathered `per` tree path or row (sliding windows, recurrent states), or None."""
     kinds = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer})
     if not kinds:
         return None
     window = getattr(model.config.get_text_config(), "sliding_window", None)
     return (f"{type(model).__name__}'s cache has {', '.join(kinds)} layers"
             + (f" (sliding_window={window})" if window else "")
-            + ", whose entries cannot be gathered per tree path")
+            + f", whose entries cannot be gathered per {per}")
 
 
 def probe_tolerance(dtype: torch.dtype) -> float:
@@ -168,6 +169,7 @@ def _probe_chain(model) -> str | None:
     model(input_ids=ids[:, :PROBE_PREFIX], **cache_inputs(model, cache), **chain_positions(model, 0, PROBE_PREFIX, device))
     drop_cache_tail(cache, 0)  # a recording sliding-window layer cut back to its window, as after every step
     block = ids[:, PROBE_PREFIX : PROBE_PREFIX + 2]
+    keep_rollback(cache, 2)
     got = model(input_ids=block, **cache_inputs(model, cache), **chain_positions(model, PROBE_PREFIX, 2, device)).logits[0].float()
     expected = _full_logits(model, ids[:, : PROBE_PREFIX + 2])[-2:]
     reason = _differs(model, got, expected, "for a block of new tokens after a cache")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from lookahead.draft import Draft
-from lookahead.integrations.hf import cache_inputs, first_stop, takes
+from lookahead.integrations.hf import cache_inputs, first_stop, keep_rollback, takes
 from lookahead.integrations.row_cache import RowCache
 
 
@@ -110,6 +110,7 @@ def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -
         keep["attention_mask"] = block.attention.to(device)
     if takes(type(model), "position_ids"):  # as plain generate passes them (a RoBERTa-style family would offset its own)
         keep["position_ids"] = block.positions.to(device)
+    keep_rollback(cache.cache, width - u + 1)  # the step's crop removes at most the width - u draft nodes
     out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
     return out.logits, (u - 1 if logits_to_keep else 0)
 
