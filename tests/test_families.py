@@ -123,6 +123,24 @@ def test_recurrent_states_rolled_back_on_chains_and_refused_on_trees_and_batches
         lookahead.generate(model, torch.cat([ids, ids]), tree=False, **options)
 
 
+@pytest.mark.skipif(not RECURRENT_ROLLBACK, reason="transformers < 5.25 cannot roll recurrent states back")
+@pytest.mark.parametrize("family", ["mamba", "qwen3_next"])
+def test_recurrent_cache_returned_at_a_stop_inside_the_kept_block_continues_as_plain_generates(family):
+    # The stop's tokens after it were cached by the step: the returned cache drops them (a crop after the loop).
+    model = tiny_model(family)
+    ids, _, expected, _ = generate_with_rollbacks(model, family, "lookahead.generate")
+    for eos in dict.fromkeys(expected[0, ids.shape[1]:].tolist()[1:12]):
+        options = dict(max_new_tokens=40, do_sample=False, eos_token_id=eos, return_dict_in_generate=True)
+        plain = model.generate(ids, **options)
+        ours = lookahead.generate(model, ids, drafter=LookupDrafter(cost_aware=False), tree=False, **options)
+        assert ours.sequences.tolist() == plain.sequences.tolist()
+        keyword = next(iter(cache_inputs(model, None)))
+        with torch.inference_mode():
+            logits = [model(input_ids=out.sequences[:, -1:], **{keyword: cache}).logits[0, -1]
+                      for out, cache in ((plain, plain.past_key_values), (ours, ours.past_key_values))]
+        assert torch.allclose(logits[1], logits[0], rtol=1e-5, atol=1e-5 * float(logits[0].abs().max()))
+
+
 def test_probe_runs_once_per_model(monkeypatch):
     model = tiny_model("bloom")  # not declared: probed
     found = tree_support(model)

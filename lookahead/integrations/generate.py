@@ -295,7 +295,8 @@ def _output(rows: list[Row], config: GenerationConfig, record: list, cache: RowC
     sequences = torch.tensor([sequence], dtype=torch.long, device=device)  # int64 whatever came in, as plain generate
     if not config.return_dict_in_generate:
         return sequences
-    drop_cache_tail(cache.cache, cache.cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
+    with torch.inference_mode():  # the loop's tensors: a recurrent layer's crop updates them in place
+        drop_cache_tail(cache.cache, cache.cache.get_seq_length() - (len(sequence) - 1))  # a stop inside the kept block
     return decoder_only_output(
         sequences=sequences, scores=tuple(s for s, _ in record) if config.output_scores else None,
         logits=tuple(raw for _, raw in record) if config.output_logits else None, cache=cache.cache,
