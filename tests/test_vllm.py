@@ -29,7 +29,7 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
-from lookahead.integrations.vllm.load import DraftStepCost
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
@@ -572,6 +572,23 @@ def test_step_costs_measured_between_calls():
     runner.step(proposer, [("a", A, output), ("b", B, [20])], [[9], [20]])  # "b" joined: its prefill ran in the step
     assert proposer.cost.samples == 2
     assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
+
+
+@pytest.mark.parametrize(("gain", "noise", "low", "high"), [
+    (-0.1, 0.3, 0.0, 0.2),  # drafts lose 10% under steps 30% apart: nearly never sent
+    (0.0, 0.15, 0.0, 0.3),  # drafts that cannot be told from plain steps: mostly withheld
+    (0.5, 0.15, 0.8, 1.0),  # drafts that gain half: nearly always sent
+])
+def test_the_gate_sends_drafts_only_where_their_steps_beat_plain_ones_beyond_the_noise(gain, noise, low, high):
+    shares = []
+    for seed in range(10):
+        rng, gate, sent = random.Random(seed), DraftGate(), 0
+        for _ in range(200):
+            drafted = gate.allows(16, 8.0)
+            sent += drafted
+            gate.observe(16, 8.0 if drafted else 0.0, 500.0 * (1 + gain * drafted) * (1 + noise * rng.gauss(0.0, 1.0)))
+        shares.append(sent / 200)
+    assert low <= sum(shares) / len(shares) <= high, shares
 
 
 def test_the_gate_is_asked_and_taught_under_the_kept_tokens_each_steps_drafts_promised(monkeypatch):

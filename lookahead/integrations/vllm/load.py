@@ -100,9 +100,12 @@ class DraftGate:
 
     The cost line above is a model; this is what the steps showed. A (load, class)'s drafted steps
     are tried first (`EXPLORE` of them), then the load's plain ones; after that drafts of that class
-    go out only while its drafted steps have yielded at least as many tokens per second as plain ones
-    there, and one decision in `RETRY` takes the arm not taken, so that a balance that moves is
-    measured again. Each arm's rate is a faded mean (`fade` per step of that arm).
+    go out only while its drafted steps have yielded more tokens per second than plain ones there by
+    at least `MARGIN` standard errors of the difference (steps vary: a drafted row writes 1 to k + 1
+    tokens, and the host has noise of its own; where the two cannot be told apart, nothing is sent, since a draft's verify cost is
+    certain and its gain is not), and one decision in `RETRY` takes the arm not taken, so that a
+    balance that moves is measured again. Each arm's rate and its spread are faded means (`fade`
+    per step of that arm).
 
     Example:
         >>> gate = DraftGate()
@@ -119,10 +122,13 @@ class DraftGate:
     EXPLORE = 3  # steps of each arm measured at a (load, class) before the rates decide
     RETRY = 16  # one decision in RETRY at a (load, class) takes the other arm
     EXPECTED_EDGES = (0.25, 0.5, 1.0)  # drafted steps' classes: expected kept tokens per decode row below each edge, or above all
+    MARGIN = 2.0  # standard errors by which drafted steps must beat plain ones
 
-    def __init__(self, *, fade: float = 0.8):
+    def __init__(self, *, fade: float = 0.95):
         self.fade = fade
         self._rate: dict = {}  # (load, class) -> faded tokens per second; class -1: plain steps
+        self._square: dict = {}  # (load, class) -> faded squared tokens per second
+        self._weight: dict = {}  # (load, class) -> the faded means' effective number of steps
         self._count: dict = {}  # (load, class) -> steps measured
         self._decisions: dict = {}  # (load, class) -> decisions made
 
@@ -142,7 +148,12 @@ class DraftGate:
         """A measured step of `rows` decode rows whose drafts were expected to keep `expected` tokens (0: none sent)."""
         key = (self.load_of(rows), self.class_of(rows, expected))
         old = self._rate.get(key)
-        self._rate[key] = tokens_per_s if old is None else self.fade * old + (1 - self.fade) * tokens_per_s
+        if old is None:
+            self._rate[key], self._square[key], self._weight[key] = tokens_per_s, tokens_per_s**2, 1.0
+        else:
+            self._rate[key] = self.fade * old + (1 - self.fade) * tokens_per_s
+            self._square[key] = self.fade * self._square[key] + (1 - self.fade) * tokens_per_s**2
+            self._weight[key] = self.fade * self._weight[key] + 1.0
         self._count[key] = self._count.get(key, 0) + 1
 
     def allows(self, rows: int, expected: float) -> bool:
@@ -154,5 +165,13 @@ class DraftGate:
         if plain < self.EXPLORE:
             return False
         decision = self._decisions[(load, kind)] = self._decisions.get((load, kind), 0) + 1
-        better = self._rate[(load, kind)] >= self._rate[(load, -1)]
+        better = self._rate[(load, kind)] - self.MARGIN * self._error(load, kind) >= self._rate[(load, -1)]
         return better != (decision % self.RETRY == 0)
+
+    def _error(self, load: int, kind: int) -> float:
+        """The standard error of (drafted rate - plain rate) at `load` for drafts of class `kind`."""
+        variance = 0.0
+        for key in ((load, kind), (load, -1)):
+            spread = max(self._square[key] - self._rate[key] ** 2, 0.0)
+            variance += spread / self._weight[key]  # the weight tends to 1 / (1 - fade): a faded mean holds about that many steps
+        return variance**0.5
