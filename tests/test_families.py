@@ -129,12 +129,12 @@ def test_recurrent_cache_returned_at_a_stop_inside_the_kept_block_continues_as_p
     # The stop's tokens after it were cached by the step: the returned cache drops them (a crop after the loop).
     model = tiny_model(family)
     ids, _, expected, _ = generate_with_rollbacks(model, family, "lookahead.generate")
+    keyword = next(iter(cache_inputs(model, None)))
     for eos in dict.fromkeys(expected[0, ids.shape[1]:].tolist()[1:12]):
         options = dict(max_new_tokens=40, do_sample=False, eos_token_id=eos, return_dict_in_generate=True)
         plain = model.generate(ids, **options)
         ours = lookahead.generate(model, ids, drafter=LookupDrafter(cost_aware=False), tree=False, **options)
         assert ours.sequences.tolist() == plain.sequences.tolist()
-        keyword = next(iter(cache_inputs(model, None)))
         with torch.inference_mode():
             logits = [model(input_ids=out.sequences[:, -1:], **{keyword: cache}).logits[0, -1]
                       for out, cache in ((plain, plain.past_key_values), (ours, ours.past_key_values))]

@@ -102,10 +102,10 @@ class DraftGate:
     are tried first (`EXPLORE` of them), then the load's plain ones; after that drafts of that class
     go out only while its drafted steps have yielded more tokens per second than plain ones there by
     at least `MARGIN` standard errors of the difference (steps vary: a drafted row writes 1 to k + 1
-    tokens, and the host has noise of its own; where the two cannot be told apart, nothing is sent, since a draft's verify cost is
-    certain and its gain is not), and one decision in `RETRY` takes the arm not taken, so that a
-    balance that moves is measured again. Each arm's rate and its spread are faded means (`fade`
-    per step of that arm).
+    tokens, and the host has noise of its own; where the two cannot be told apart nothing is sent,
+    since a draft's verify cost is certain and its gain is not), and one decision in `RETRY` takes
+    the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
+    spread are faded means (`fade` per step of that arm).
 
     Example:
         >>> gate = DraftGate()
@@ -128,7 +128,6 @@ class DraftGate:
         self.fade = fade
         self._rate: dict = {}  # (load, class) -> faded tokens per second; class -1: plain steps
         self._square: dict = {}  # (load, class) -> faded squared tokens per second
-        self._weight: dict = {}  # (load, class) -> the faded means' effective number of steps
         self._count: dict = {}  # (load, class) -> steps measured
         self._decisions: dict = {}  # (load, class) -> decisions made
 
@@ -149,11 +148,10 @@ class DraftGate:
         key = (self.load_of(rows), self.class_of(rows, expected))
         old = self._rate.get(key)
         if old is None:
-            self._rate[key], self._square[key], self._weight[key] = tokens_per_s, tokens_per_s**2, 1.0
+            self._rate[key], self._square[key] = tokens_per_s, tokens_per_s**2
         else:
             self._rate[key] = self.fade * old + (1 - self.fade) * tokens_per_s
             self._square[key] = self.fade * self._square[key] + (1 - self.fade) * tokens_per_s**2
-            self._weight[key] = self.fade * self._weight[key] + 1.0
         self._count[key] = self._count.get(key, 0) + 1
 
     def allows(self, rows: int, expected: float) -> bool:
@@ -173,5 +171,6 @@ class DraftGate:
         variance = 0.0
         for key in ((load, kind), (load, -1)):
             spread = max(self._square[key] - self._rate[key] ** 2, 0.0)
-            variance += spread / self._weight[key]  # the weight tends to 1 / (1 - fade): a faded mean holds about that many steps
+            steps = (1.0 - self.fade ** self._count[key]) / (1.0 - self.fade)  # a faded mean's steps: at most 1 / (1 - fade)
+            variance += spread / steps
         return variance**0.5
