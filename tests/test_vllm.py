@@ -598,8 +598,7 @@ def test_the_gate_carries_a_loss_to_more_rows_and_weaker_drafts_without_trying_t
         gate.observe(16, 16.0, 600.0 if wins else 400.0)
         gate.observe(16, 0.0, 500.0)
     asked = [(rows, promise) for rows in (32, 64) for promise in (0.1, 0.3, 0.6, 1.0)]  # more rows, every class
-    sent = {key: sum(gate.allows(rows, promise * rows) for _ in range(4 * DraftGate.RETRY)) for key in asked
-            for rows, promise in [key]}
+    sent = {(rows, promise): sum(gate.allows(rows, promise * rows) for _ in range(4 * DraftGate.RETRY)) for rows, promise in asked}
     if wins:  # a win is not carried: every class is explored at more rows (and never measured here, keeps exploring)
         assert all(count == 4 * DraftGate.RETRY for count in sent.values()), sent
     else:  # the loss is carried: drafts go out only on the retries, which measure them again
