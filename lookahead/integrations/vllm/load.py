@@ -107,12 +107,13 @@ class DraftGate:
     the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
     spread are faded means (`fade` per step of that arm).
 
-    A loss is carried upward without being tried: drafts whose class lost at a load are not
-    explored at higher loads, nor drafts promising less (but on the RETRY decisions). Under the
-    cost line, drafts keeping e tokens of t per row change a step of R rows' tokens per second by
-    (1 + e)(h + R) / (h + d + (1 + t)R): monotone in R, ending at (1 + e) / (1 + t) <= 1, so what
-    loses at R rows loses at more; a class promising less pays the same fixed cost for less. Each
-    load's own measured verdict, once it has one, is what decides there.
+    A loss is carried upward without being tried: drafts of a class that lost at a load are not
+    explored at higher loads (but on the RETRY decisions). Under the cost line, drafts keeping e
+    tokens of t per row change a step of R rows' tokens per second by (1 + e)(h + R) / (h + d +
+    (1 + t)R): monotone in R, ending at (1 + e) / (1 + t) <= 1, so what loses at R rows loses at
+    more. Not across classes: a class is the sizer's estimate of what drafts keep (a new request's
+    drafts from memory are kept far more often than its keep rate says). Each load's own measured
+    verdict, once it has one, is what decides there.
 
     Example:
         >>> gate = DraftGate()
@@ -172,8 +173,7 @@ class DraftGate:
         retry = decision % self.RETRY == 0
         better = self._beats(load, kind)
         if better is None:  # not measured here yet
-            if any(self._beats(below, stronger) is False for below in range(1, load + 1)
-                   for stronger in range(kind, len(self.EXPECTED_EDGES) + 1)):
+            if any(self._beats(below, kind) is False for below in range(1, load)):
                 return retry  # a loss carried up
             return self._count.get((load, kind), 0) < self.EXPLORE  # drafted steps first, then plain ones
         return better != retry
