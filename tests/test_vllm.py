@@ -591,24 +591,6 @@ def test_the_gate_sends_drafts_only_where_their_steps_beat_plain_ones_beyond_the
     assert low <= sum(shares) / len(shares) <= high, shares
 
 
-@pytest.mark.parametrize("wins", [False, True])
-def test_the_gate_carries_a_loss_to_more_rows_without_trying_it(wins):
-    gate = DraftGate()
-    for _ in range(10):  # at 16 rows, drafts promising a token per row: measured
-        gate.observe(16, 16.0, 600.0 if wins else 400.0)
-        gate.observe(16, 0.0, 500.0)
-    sent = {(rows, promise): sum(gate.allows(rows, promise * rows) for _ in range(4 * DraftGate.RETRY))
-            for rows in (32, 64) for promise in (0.3, 1.0)}  # more rows: that class, and a weaker one
-    for (rows, promise), count in sent.items():
-        if promise == 1.0 and not wins:  # the loss is carried: sent only on the retries, which measure it again
-            assert count == 4, sent
-        else:  # a win is not carried, nor a loss to another class: explored (never measured here, so on every step)
-            assert count == 4 * DraftGate.RETRY, sent
-    assert gate.allows(8, 16.0)  # fewer rows: explored, whatever 16 rows showed
-    assert gate.allows(16, 4.0)  # a weaker class at 16 rows: explored
-    assert not gate.allows(16, 0.0)  # nothing promised: nothing sent
-
-
 def test_the_gate_is_asked_and_taught_under_the_kept_tokens_each_steps_drafts_promised(monkeypatch):
     proposer = LookupProposer(fake_config(k=4))
     runner = FakeRunner(proposer)

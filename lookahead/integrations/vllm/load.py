@@ -107,14 +107,6 @@ class DraftGate:
     the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
     spread are faded means (`fade` per step of that arm).
 
-    A loss is carried upward without being tried: drafts of a class that lost at a load are not
-    explored at higher loads (but on the RETRY decisions). Under the cost line, drafts keeping e
-    tokens of t per row change a step of R rows' tokens per second by (1 + e)(h + R) / (h + d +
-    (1 + t)R): monotone in R, ending at (1 + e) / (1 + t) <= 1, so what loses at R rows loses at
-    more. Not across classes: a class is the sizer's estimate of what drafts keep (a new request's
-    drafts from memory are kept far more often than its keep rate says). Each load's own measured
-    verdict, once it has one, is what decides there.
-
     Example:
         >>> gate = DraftGate()
         >>> for _ in range(8):
@@ -125,8 +117,6 @@ class DraftGate:
         ...     gate.observe(1, 0.0, 80.0)
         >>> gate.allows(64, 8.0), gate.allows(1, 0.1), gate.allows(1, 2.0)
         (False, False, True)
-        >>> gate.allows(2, 0.1), gate.allows(2, 2.0)  # 2 rows: the one-row loss carried up; the win explored
-        (False, True)
     """
 
     EXPLORE = 3  # steps of each arm measured at a (load, class) before the rates decide
@@ -167,22 +157,14 @@ class DraftGate:
     def allows(self, rows: int, expected: float) -> bool:
         """Whether drafts expected to keep `expected` tokens may be sent to a step of `rows` decode rows."""
         load, kind = self.load_of(rows), self.class_of(rows, expected)
-        if kind < 0:
-            return False  # nothing promised
+        drafted, plain = self._count.get((load, kind), 0), self._count.get((load, -1), 0)
+        if drafted < self.EXPLORE:
+            return True
+        if plain < self.EXPLORE:
+            return False
         decision = self._decisions[(load, kind)] = self._decisions.get((load, kind), 0) + 1
-        retry = decision % self.RETRY == 0
-        better = self._beats(load, kind)
-        if better is None:  # not measured here yet
-            if any(self._beats(below, kind) is False for below in range(1, load)):
-                return retry  # a loss carried up
-            return self._count.get((load, kind), 0) < self.EXPLORE  # drafted steps first, then plain ones
-        return better != retry
-
-    def _beats(self, load: int, kind: int) -> bool | None:
-        """Whether drafts of class `kind` have beaten plain steps at `load` by the margin; None before EXPLORE steps of each arm."""
-        if self._count.get((load, kind), 0) < self.EXPLORE or self._count.get((load, -1), 0) < self.EXPLORE:
-            return None
-        return self._rate[(load, kind)] - self.MARGIN * self._error(load, kind) >= self._rate[(load, -1)]
+        better = self._rate[(load, kind)] - self.MARGIN * self._error(load, kind) >= self._rate[(load, -1)]
+        return better != (decision % self.RETRY == 0)
 
     def _error(self, load: int, kind: int) -> float:
         """The standard error of (drafted rate - plain rate) at `load` for drafts of class `kind`."""
