@@ -38,9 +38,14 @@ drafters text the 8B model saw), a distinct trace per request; max_tokens = the 
 continuation's length capped at --max-tokens. Per method, one engine (one at a time, in this
 process, max_num_seqs = the highest concurrency): a warm-up request, then for each concurrency c of --levels,
 its requests kept c in flight (a finished one is replaced at once). Per cell: tokens/s is output
-tokens over the cell's wall time; time per output token is vLLM's own per-request metric
-(`vllm:request_time_per_output_token_seconds`: (last token - first token) / (n - 1)), averaged
-over the cell's requests; drafts and accepted tokens are vLLM's counters. vLLM's `ngram` runs
+tokens over the cell's wall time; steady tokens/s, output tokens per second until the last
+request was added (c in flight all along; none where a cell's requests are added at once: c=64
+with 64 requests). The wall time also holds the drain, the last c requests finishing with none to
+replace them, where the steps are set by the longest of them: drafts that keep tokens for other
+requests do not shorten it (vLLM's count of engine steps, `steps`, shows it). Time per output
+token is vLLM's own per-request metric (`vllm:request_time_per_output_token_seconds`: (last
+token - first token) / (n - 1)), averaged over the cell's requests; drafts and accepted tokens
+are vLLM's counters. vLLM's `ngram` runs
 with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lookup_min 2,
 `suffix` with its defaults; all with the same num_speculative_tokens as ours. `ngram-never` is
 vLLM's speculative path with a proposer that never drafts (what speculation costs before any
@@ -226,31 +231,40 @@ def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None)
 
 
 def read_counters(llm) -> dict:
-    """vLLM's speculative counters and its per-request time-per-output-token histogram (sum, count)."""
+    """vLLM's speculative counters, its per-request time-per-output-token histogram (sum, count) and its engine
+    steps (the count of its per-step histogram of tokens computed)."""
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
-    out = dict.fromkeys([*names.values(), "tpot_sum", "tpot_count"], 0)
+    out = dict.fromkeys([*names.values(), "tpot_sum", "tpot_count", "steps"], 0)
     for metric in llm.get_metrics():
         if metric.name in names:
             out[names[metric.name]] = int(metric.value)
         elif metric.name == "vllm:request_time_per_output_token_seconds":
             out["tpot_sum"], out["tpot_count"] = metric.sum, metric.count
+        elif metric.name == "vllm:iteration_tokens_total":
+            out["steps"] = metric.count
     return out
 
 
-def serve(llm, traces: list, concurrency: int, tag: str) -> list[list[int]]:
-    """Greedy outputs of `traces`' prompts, `concurrency` requests in flight, a finished one replaced at once."""
-    engine, outputs, waiting, ids = llm.llm_engine, {}, list(enumerate(traces)), {}
+def serve(llm, traces: list, concurrency: int, tag: str) -> tuple[list[list[int]], float | None]:
+    """Greedy outputs of `traces`' prompts, `concurrency` requests in flight, a finished one replaced at once; and the
+    steady tokens/s: output tokens per second from the start until the last request was added (`concurrency` in
+    flight all along), None where every request was added at once."""
+    engine, outputs, waiting, ids, made = llm.llm_engine, {}, list(enumerate(traces)), {}, {}
+    started, steady = time.perf_counter(), None
     while waiting or engine.has_unfinished_requests():
         while waiting and len(ids) - len(outputs) < concurrency:
             i, (prompt, continuation) = waiting.pop(0)
             params = SamplingParams(temperature=0.0, max_tokens=len(continuation), ignore_eos=True, detokenize=False)
             ids[f"{tag}-{i}"] = i
             engine.add_request(f"{tag}-{i}", {"prompt_token_ids": prompt}, params)
+            if not waiting and len(traces) > concurrency:
+                steady = sum(made.values()) / (time.perf_counter() - started)
         for out in engine.step():
+            made[out.request_id] = len(out.outputs[0].token_ids)  # cumulative (SamplingParams' default output_kind)
             if out.finished:
                 outputs[ids[out.request_id]] = list(out.outputs[0].token_ids)
-    return [outputs[i] for i in range(len(traces))]
+    return [outputs[i] for i in range(len(traces))], steady
 
 
 def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: int, stats_path: Path,
@@ -271,14 +285,14 @@ def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: 
         for c, traces in levels.items():
             before = read_counters(llm)
             started = time.perf_counter()
-            outputs = serve(llm, traces, c, f"c{c}")
+            outputs, steady = serve(llm, traces, c, f"c{c}")
             seconds = time.perf_counter() - started
             after = read_counters(llm)
             counts = {key: after[key] - before[key] for key in after}
             ours_before, ours = ours, read_stats(method, stats_path)
             steps = ours["steps"] - ours_before["steps"] if ours else 0
             rows.append(dict(method=method, async_scheduling=async_scheduling, concurrency=c, requests=len(traces),
-                             tokens=sum(map(len, outputs)), seconds=seconds,
+                             tokens=sum(map(len, outputs)), seconds=seconds, steady_tokens_per_s=steady,
                              tpot_ms=1e3 * counts.pop("tpot_sum") / max(1, counts.pop("tpot_count")), outputs=outputs,
                              trace=outputs == [g for _, g in traces],
                              propose_ms=1e3 * (ours["propose_s"] - ours_before["propose_s"]) / steps if steps else None,
@@ -305,13 +319,14 @@ def read_stats(method: str, stats_path: Path) -> dict | None:
     return json.loads(stats_path.read_text())
 
 
-def print_summary(rows: list[dict], methods: list[str]) -> None:
-    """Per concurrency and method: its speed over `none`'s and over `ngram-never`'s of the same round, per round and the median."""
-    speed = {(r["round"], r["concurrency"], r["method"]): r["tokens_per_s"] for r in rows}
+def print_summary(rows: list[dict], methods: list[str], key: str = "tokens_per_s") -> None:
+    """Per concurrency and method: its speed (`key`) over `none`'s and over `ngram-never`'s of the same round, per round and
+    the median; concurrencies without `key` are left out."""
+    speed = {(r["round"], r["concurrency"], r["method"]): r[key] for r in rows if r[key] is not None}
     rounds = sorted({r["round"] for r in rows})
-    print("\n| concurrency | method | vs none, per round | median | vs ngram-never, per round | median |")
+    print(f"\n| concurrency | method | {key}: vs none, per round | median | vs ngram-never, per round | median |")
     print("|---|---|---|---|---|---|")
-    for c in sorted({r["concurrency"] for r in rows}):
+    for c in sorted({c for _, c, _ in speed}):
         for method in methods:
             cells = []
             for base in ("none", "ngram-never"):
@@ -382,18 +397,21 @@ def main() -> None:
     synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
     print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
           f"async scheduling off for: {', '.join(synced) or 'none of them'}")
-    print("| round | concurrency | method | tokens/s | vs none | time per output token (ms) | drafts | draft tokens | accepted per draft "
-          "| output tokens from drafts | our propose ms/step | trace | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| round | concurrency | method | tokens/s | vs none | steady tokens/s | time per output token (ms) | steps | drafts | draft tokens "
+          "| accepted per draft | output tokens from drafts | our propose ms/step | trace | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["concurrency"], r["round"])):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
         propose = f"{r['propose_ms']:.2f}" if r["propose_ms"] is not None else "-"
-        print(f"| {r['round']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {r['tpot_ms']:.1f} | {r['drafts']} "
+        steady = f"{r['steady_tokens_per_s']:.1f}" if r["steady_tokens_per_s"] is not None else "-"
+        print(f"| {r['round']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {steady} | {r['tpot_ms']:.1f} | {r['steps']} | {r['drafts']} "
               f"| {r['draft_tokens']} | {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {propose} | {'yes' if r['trace'] else 'NO'} "
               f"| {exact} |")
     if args.rounds > 1:
         print_summary(rows, methods)
+        if any(r["steady_tokens_per_s"] for r in rows):
+            print_summary(rows, methods, "steady_tokens_per_s")
     for r in rows:
         if r["load"]:
             print(f"lookahead round {r['round']} c={r['concurrency']}: {r['load']}", file=sys.stderr)

@@ -1015,5 +1015,6 @@ def test_trace_forced_target_writes_the_recorded_continuation(trace_forced, meth
     [row] = bench.run_method(method, model, {2: traces}, k=K, max_model_len=256, stats_path=tmp_path / "stats.json",
                               enforce_eager=True, ours={"fixed_cost_tokens": 4096.0})
     assert row["trace"], method
+    assert row["steps"] > 0 and row["steady_tokens_per_s"] > 0, row  # 3 requests at concurrency 2: the third added after a step
     # drafts were verified against the forced logits, some of their tokens kept and some refused
     assert 0 < row["accepted_tokens"] < row["draft_tokens"], row
