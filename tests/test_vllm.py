@@ -1006,6 +1006,14 @@ def trace_forced(tmp_path_factory):
     sys.path[:] = saved_path
 
 
+def test_bench_preloads_what_vllm_asks_for_once(trace_forced):
+    bench = trace_forced[0]
+    found = bench.preload_libraries()
+    assert all(Path(path).is_file() for path in found), found
+    assert not any("tcmalloc" in path for path in bench.preload_libraries("/opt/lib/libtcmalloc.so.4")), "tcmalloc twice"
+    assert bench.preload_libraries(":".join(found)) == []
+
+
 @pytest.mark.parametrize("method", ["ngram-min2", "suffix", "lookahead"])
 def test_trace_forced_target_writes_the_recorded_continuation(trace_forced, method, tmp_path):
     bench, traces, model = trace_forced
