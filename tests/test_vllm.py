@@ -936,10 +936,9 @@ def plain(model_dir):
 
 @pytest.fixture(scope="module")
 def ours(model_dir, tmp_path_factory):
-    """Our proposer (a stats file, and a fixed F/p of idle hardware) on the batch, then NOVEL twice. With the
-    step's cost measured, this machine's timing under CI's load decided how much was sent (kept tokens 5-13
-    where the memory test asks 45, in three clean-clone CI runs on 2026-12-04, one of them with the shipped
-    load rule): counts of kept tokens must not depend on it. The measured default runs in tests/test_vllm_serve.py's server."""
+    """Our proposer (a stats file, and a fixed F/p of idle hardware) on the batch, then NOVEL twice. The tests
+    below count kept tokens: with the step's cost measured, the machine's timing under load would decide how
+    many are sent. The measured default runs in tests/test_vllm_serve.py's server."""
     stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path), fixed_cost_tokens=4096.0)
 
