@@ -92,34 +92,29 @@ def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: fl
 
 
 class DraftGate:
-    """Whether to send drafts at a load, from the engine's measured steps: tokens per second of the
-    steps that verified drafts against those that did not, per batch size (rows in powers of two)
+    """Whether to send drafts at a load, from the engine's measured throughput: tokens per second of
+    the steps that verified drafts against those that did not, per batch size (rows in powers of two)
     and, for drafted steps, per class of the drafts' expected kept tokens per decode row
     (`EXPECTED_EDGES`): a step's fixed cost of verifying any draft is paid whatever the drafts hold,
     so drafts that promise little can lose where drafts that promise much win.
 
-    The cost line above is a model; this is what the steps showed. A drafted step's tokens are
-    counted as its rows plus its drafts' promise times `calibration` (kept tokens over promised
-    ones, over every drafted step, faded): what a drafted row keeps varies from 0 to k from step
-    to step (at one row, drafted steps' tokens per second spread 25 to 200% of their mean, plain
-    ones' 7%), and that noise would hide a real gain from a per-class comparison for hundreds of
-    steps; the time of the steps, which the line only models, is measured per class, and whether
-    promises hold is measured over all of them. A (load, class)'s drafted steps are tried first
-    (`EXPLORE` of them), then the load's plain ones; after that drafts of that class go out only
-    while its drafted steps have yielded more tokens per second than plain ones there by at least
-    `MARGIN` standard errors of the difference (where the two cannot be told apart nothing is
-    sent: a draft's verify cost is certain), and one decision in `RETRY` takes the arm not taken,
-    so that a balance that moves is measured again. Each arm's rate and its spread are faded means
-    (`fade` per step of that arm).
+    The cost line above is a model; this is what the steps showed. A (load, class)'s drafted steps
+    are tried first (`EXPLORE` of them), then the load's plain ones; after that drafts of that class
+    go out only while its drafted steps have yielded more tokens per second than plain ones there by
+    at least `MARGIN` standard errors of the difference (steps vary: a drafted row writes 1 to k + 1
+    tokens, and the host has noise of its own; where the two cannot be told apart nothing is sent,
+    since a draft's verify cost is certain and its gain is not), and one decision in `RETRY` takes
+    the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
+    spread are faded means (`fade` per step of that arm).
 
     Example:
         >>> gate = DraftGate()
         >>> for _ in range(8):
-        ...     gate.observe(64, 8.0, 72, 0.12)   # at 64 rows, drafted steps keep their promise of 8: 600 tokens/s
-        ...     gate.observe(64, 0.0, 64, 0.08)   # plain ones: 800
-        ...     gate.observe(1, 0.1, 1, 0.0157)   # one row: drafts expected to keep 0.1 token lose,
-        ...     gate.observe(1, 2.0, 3, 0.025)    # drafts expected to keep 2 win
-        ...     gate.observe(1, 0.0, 1, 0.0125)
+        ...     gate.observe(64, 8.0, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
+        ...     gate.observe(64, 0.0, 800.0)   # plain ones: 800
+        ...     gate.observe(1, 0.1, 70.0)     # one row: drafts expected to keep 0.1 token lose,
+        ...     gate.observe(1, 2.0, 120.0)    # drafts expected to keep 2 win
+        ...     gate.observe(1, 0.0, 80.0)
         >>> gate.allows(64, 8.0), gate.allows(1, 0.1), gate.allows(1, 2.0)
         (False, False, True)
     """
@@ -128,8 +123,6 @@ class DraftGate:
     RETRY = 16  # one decision in RETRY at a (load, class) takes the other arm
     EXPECTED_EDGES = (0.25, 0.5, 1.0)  # drafted steps' classes: expected kept tokens per decode row below each edge, or above all
     MARGIN = 2.0  # standard errors by which drafted steps must beat plain ones
-    CALIBRATION_FADE = 0.99  # per drafted step: kept and promised tokens of about the last hundred drafted steps
-    CALIBRATION_PRIOR = 4.0  # promised tokens' worth of promises kept exactly, before any step is measured
 
     def __init__(self, *, fade: float = 0.95):
         self.fade = fade
@@ -137,12 +130,6 @@ class DraftGate:
         self._square: dict = {}  # (load, class) -> faded squared tokens per second
         self._count: dict = {}  # (load, class) -> steps measured
         self._decisions: dict = {}  # (load, class) -> decisions made
-        self._kept = self._promised = self.CALIBRATION_PRIOR  # faded sums over drafted steps
-
-    @property
-    def calibration(self) -> float:
-        """Kept tokens per promised one, over the drafted steps measured (faded); 1 before any."""
-        return self._kept / self._promised
 
     @staticmethod
     def load_of(rows: int) -> int:
@@ -156,15 +143,8 @@ class DraftGate:
         per_row = expected / max(int(rows), 1)
         return sum(per_row >= edge for edge in cls.EXPECTED_EDGES)
 
-    def observe(self, rows: int, expected: float, written: int, seconds: float) -> None:
-        """A measured step of `rows` decode rows that wrote `written` tokens in `seconds`, whose drafts were
-        expected to keep `expected` tokens (0: none sent)."""
-        if expected > 0.0:
-            self._kept = self.CALIBRATION_FADE * self._kept + max(written - rows, 0)
-            self._promised = self.CALIBRATION_FADE * self._promised + expected
-            tokens_per_s = (rows + self.calibration * expected) / seconds
-        else:
-            tokens_per_s = written / seconds
+    def observe(self, rows: int, expected: float, tokens_per_s: float) -> None:
+        """A measured step of `rows` decode rows whose drafts were expected to keep `expected` tokens (0: none sent)."""
         key = (self.load_of(rows), self.class_of(rows, expected))
         old = self._rate.get(key)
         if old is None:

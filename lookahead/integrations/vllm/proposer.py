@@ -429,7 +429,7 @@ class LookupProposer:
         if not num_sampled.all() or keys != decode_keys or now <= returned:
             return
         self.cost.observe(tokens, drafted, now - returned)
-        self.gate.observe(len(keys), promised if drafted else 0.0, int(num_sampled.sum()), now - returned)  # the tokens it wrote
+        self.gate.observe(len(keys), promised if drafted else 0.0, float(num_sampled.sum()) / (now - returned))  # the tokens it wrote
 
     # -- rows -> requests ----------------------------------------------------------------------
 
