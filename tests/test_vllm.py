@@ -575,11 +575,13 @@ def test_step_costs_measured_between_calls():
 
 
 @pytest.mark.parametrize(("gain", "noise", "low", "high"), [
-    (-0.1, 0.3, 0.0, 0.2),  # drafts lose 10% under steps 30% apart: nearly never sent
-    (0.0, 0.15, 0.0, 0.3),  # drafts that cannot be told from plain steps: mostly withheld
+    (-0.3, 0.15, 0.0, 0.3),  # drafts lose 30% under steps 15% apart: mostly withheld
+    (-0.05, 0.02, 0.0, 0.2),  # a 5% loss where steps hardly vary (many rows, each step their mean): nearly never sent
+    (0.0, 0.15, 0.7, 1.0),  # drafts that cannot be told from plain steps: sent (the line's call)
+    (0.1, 0.6, 0.7, 1.0),  # a real gain that one row's kept tokens hide: sent
     (0.5, 0.15, 0.8, 1.0),  # drafts that gain half: nearly always sent
 ])
-def test_the_gate_sends_drafts_only_where_their_steps_beat_plain_ones_beyond_the_noise(gain, noise, low, high):
+def test_the_gate_withholds_drafts_only_where_their_steps_lose_to_plain_ones_beyond_the_noise(gain, noise, low, high):
     shares = []
     for seed in range(10):
         rng, gate, sent = random.Random(seed), DraftGate(), 0

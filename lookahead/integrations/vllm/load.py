@@ -99,13 +99,16 @@ class DraftGate:
     so drafts that promise little can lose where drafts that promise much win.
 
     The cost line above is a model; this is what the steps showed. A (load, class)'s drafted steps
-    are tried first (`EXPLORE` of them), then the load's plain ones; after that drafts of that class
-    go out only while its drafted steps have yielded more tokens per second than plain ones there by
-    at least `MARGIN` standard errors of the difference (steps vary: a drafted row writes 1 to k + 1
-    tokens, and the host has noise of its own; where the two cannot be told apart nothing is sent,
-    since a draft's verify cost is certain and its gain is not), and one decision in `RETRY` takes
+    are tried first (`EXPLORE` of them), then the load's plain ones; after that the line's drafts of
+    that class go out unless its drafted steps have yielded fewer tokens per second than plain ones
+    there by at least `MARGIN` standard errors of the difference, and one decision in `RETRY` takes
     the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
     spread are faded means (`fade` per step of that arm).
+
+    The burden of proof lies on withholding: steps vary (a drafted row writes 1 to k + 1 tokens,
+    and the host has noise of its own), so at one row a real gain of drafting hides in the spread
+    of what a row keeps, while at many rows, where each step averages over its rows, a loss shows
+    (docs/vllm.md, "The gate's burden of proof").
 
     Example:
         >>> gate = DraftGate()
@@ -122,7 +125,7 @@ class DraftGate:
     EXPLORE = 3  # steps of each arm measured at a (load, class) before the rates decide
     RETRY = 16  # one decision in RETRY at a (load, class) takes the other arm
     EXPECTED_EDGES = (0.25, 0.5, 1.0)  # drafted steps' classes: expected kept tokens per decode row below each edge, or above all
-    MARGIN = 2.0  # standard errors by which drafted steps must beat plain ones
+    MARGIN = 2.0  # standard errors by which drafted steps must lose to plain ones to be withheld
 
     def __init__(self, *, fade: float = 0.95):
         self.fade = fade
@@ -163,8 +166,8 @@ class DraftGate:
         if plain < self.EXPLORE:
             return False
         decision = self._decisions[(load, kind)] = self._decisions.get((load, kind), 0) + 1
-        better = self._rate[(load, kind)] - self.MARGIN * self._error(load, kind) >= self._rate[(load, -1)]
-        return better != (decision % self.RETRY == 0)
+        worse = self._rate[(load, kind)] + self.MARGIN * self._error(load, kind) < self._rate[(load, -1)]
+        return worse == (decision % self.RETRY == 0)
 
     def _error(self, load: int, kind: int) -> float:
         """The standard error of (drafted rate - plain rate) at `load` for drafts of class `kind`."""
