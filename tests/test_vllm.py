@@ -940,7 +940,7 @@ def plain(model_dir):
 def ours(model_dir, tmp_path_factory):
     """Our proposer (a stats file, and a fixed F/p of idle hardware) on the batch, then NOVEL twice. The tests
     below count kept tokens: with the step's cost measured, the machine's timing under load would decide how
-    many are sent. The measured default runs in tests/test_vllm_serve.py's server."""
+    many are sent. The measured default runs in `measured`."""
     stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path), fixed_cost_tokens=4096.0)
 
@@ -958,6 +958,31 @@ def ours(model_dir, tmp_path_factory):
         return result
     finally:
         shut_down(llm)
+
+
+@pytest.fixture(scope="module")
+def measured(model_dir, tmp_path_factory):
+    """Our proposer with the default load rule (the step's cost and the gate learnt from the engine's step
+    times) on the batch: its outputs, vLLM's counters and ours."""
+    stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
+    llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path))
+    try:
+        batch = greedy(llm, repetitive_prompts())
+        time.sleep(STATS_INTERVAL_S + 0.5)  # the counters file is rewritten at most once a second
+        return {"batch": batch, "metrics": spec_metrics(llm), "stats": json.loads(stats_path.read_text())}
+    finally:
+        shut_down(llm)
+
+
+def test_engine_with_the_measured_load_rule_equal_no_speculation(plain, measured):
+    """Whatever the machine's timing made the rule send (all, some or none of the drafts), the outputs
+    are plain ones and our counters are vLLM's; and the rule learnt from the engine's steps."""
+    assert measured["batch"] == plain["batch"]
+    stats = measured["stats"]
+    for key in ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"):
+        assert stats[key] == measured["metrics"][key], key
+    assert stats["steps"] > 0 and stats["runner"] is not None
+    assert stats["fixed_cost_tokens"] != proposer_module.PRIOR_FIXED_COST_TOKENS  # fitted to measured steps
 
 
 def test_engine_greedy_outputs_equal_no_speculation(plain, ours):

