@@ -927,6 +927,12 @@ def shut_down(llm):
     llm.llm_engine.engine_core.shutdown()
 
 
+def snapshot(llm, stats_path) -> tuple:
+    """(vLLM's counters, ours) once our counters file has caught up."""
+    time.sleep(STATS_INTERVAL_S + 0.5)  # the counters file is rewritten at most once a second
+    return spec_metrics(llm), json.loads(stats_path.read_text())
+
+
 @pytest.fixture(scope="module")
 def plain(model_dir):
     llm = make_llm(model_dir, speculative=False)
@@ -943,18 +949,13 @@ def ours(model_dir, tmp_path_factory):
     many are sent. The measured default runs in `measured`."""
     stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path), fixed_cost_tokens=4096.0)
-
-    def snapshot():
-        time.sleep(STATS_INTERVAL_S + 0.5)  # the counters file is rewritten at most once a second
-        return spec_metrics(llm), json.loads(stats_path.read_text())
-
     try:
         result = {"batch": greedy(llm, repetitive_prompts())}
-        result["after_batch"] = snapshot()
+        result["after_batch"] = snapshot(llm, stats_path)
         result["novel_first"] = greedy(llm, [NOVEL])[0]  # nothing like it in memory yet
-        result["after_first"] = snapshot()
+        result["after_first"] = snapshot(llm, stats_path)
         result["novel_again"] = greedy(llm, [NOVEL])[0]  # its first run is in memory now
-        result["after_again"] = snapshot()
+        result["after_again"] = snapshot(llm, stats_path)
         return result
     finally:
         shut_down(llm)
@@ -968,8 +969,7 @@ def measured(model_dir, tmp_path_factory):
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path))
     try:
         batch = greedy(llm, repetitive_prompts())
-        time.sleep(STATS_INTERVAL_S + 0.5)  # the counters file is rewritten at most once a second
-        return {"batch": batch, "metrics": spec_metrics(llm), "stats": json.loads(stats_path.read_text())}
+        return {"batch": batch, "after": snapshot(llm, stats_path)}
     finally:
         shut_down(llm)
 
@@ -978,9 +978,9 @@ def test_engine_with_the_measured_load_rule_equal_no_speculation(plain, measured
     """Whatever the machine's timing made the rule send (all, some or none of the drafts), the outputs
     are plain ones and our counters are vLLM's; and the rule learnt from the engine's steps."""
     assert measured["batch"] == plain["batch"]
-    stats = measured["stats"]
+    metrics, stats = measured["after"]
     for key in ("drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"):
-        assert stats[key] == measured["metrics"][key], key
+        assert stats[key] == metrics[key], key
     assert stats["steps"] > 0 and stats["runner"] is not None
     assert stats["fixed_cost_tokens"] != proposer_module.PRIOR_FIXED_COST_TOKENS  # fitted to measured steps
 
