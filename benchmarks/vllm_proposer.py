@@ -1,6 +1,6 @@
 """The vLLM proposer's own time per engine step, offline: LookupProposer driven as vLLM's runner drives it.
 
-    python benchmarks/vllm_proposer.py [--traces ../shared/traces] [--rows 1,16,64,256] [--steps 200]
+    python benchmarks/vllm_proposer.py [--traces ../shared/traces] [--rows 1,16,64,256] [--steps 200] [--forward-mb 0]
 
 No vLLM and no model: R rows of recorded traces (../shared/traces: a prompt and what
 Llama-3.1-8B-Instruct wrote), held in a persistent batch laid out as vLLM's (token_ids_cpu
@@ -10,7 +10,10 @@ agree with it and the one after (greedy verification, as the forced target of
 examples/vllm_serving.py accepts them); a finished request is replaced by the next trace at
 once (continuous batching); between steps the "forward" sleeps --forward-ms (releasing the
 GIL, as a model's forward does: the proposer files finished requests into its memory on a
-thread meanwhile, timed apart as "filing"). Printed per row count: the median and mean wall
+thread meanwhile, timed apart as "filing"), then, with --forward-mb M, reads and writes M MB
+(a forward's memory traffic, which leaves the proposer's data and Python's own out of the
+caches: the serving bench's forward at 64 rows moves about 165 MB, its output layer's 131 MB
+of weights and 33 MB of logits; docs/vllm.md has what that costs a step). Printed per row count: the median and mean wall
 time of `propose` per step (after a warm-up of --warm steps), its microseconds per row, the
 filing thread's time per step, and the drafted and accepted tokens, for three load rules:
 
@@ -93,8 +96,9 @@ class Runner:
         self.state[row] = [output, 1]
         self.drafts[row] = []
 
-    def step(self, proposer, forward_s: float = 0.0) -> float:
-        """One engine step: every row verifies its draft against its trace; returns propose's seconds."""
+    def step(self, proposer, forward_s: float = 0.0, traffic: np.ndarray | None = None) -> float:
+        """One engine step: every row verifies its draft against its trace; returns propose's seconds.
+        traffic: a buffer the "forward" reads and writes after its sleep (None: none)."""
         batch = self.input_batch
         sampled = []
         for row, draft in enumerate(self.drafts):
@@ -117,6 +121,8 @@ class Runner:
             self.accepted += kept
             sampled.append(list(new))
         time.sleep(forward_s)
+        if traffic is not None:
+            traffic += 1
         start = time.perf_counter()
         self.drafts = proposer.propose(sampled, batch.num_tokens_no_spec, batch.token_ids_cpu)
         return time.perf_counter() - start
@@ -139,6 +145,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warm", type=int, default=20)
     parser.add_argument("--forward-ms", type=float, default=2.0)
+    parser.add_argument("--forward-mb", type=float, default=0.0, help="MB the forward reads and writes (0: none)")
     args = parser.parse_args()
     traces = load_traces(args.traces)
     print(f"{len(traces)} traces; K={K}; {args.steps} steps after {args.warm}")
@@ -149,12 +156,13 @@ def main() -> None:
             proposer = LookupProposer(config(rows, **options))
             runner = Runner(proposer, rows, traces)
             forward_s = args.forward_ms / 1e3
+            traffic = np.zeros(int(args.forward_mb * (1 << 20)) // 4, np.float32) if args.forward_mb else None
             for _ in range(args.warm):
-                runner.step(proposer, forward_s)
+                runner.step(proposer, forward_s, traffic)
             runner.drafted = runner.accepted = 0
             filing = getattr(proposer, "_filing", None)  # (older proposers file at once)
             filed = filing.seconds if filing is not None else 0.0
-            times = [runner.step(proposer, forward_s) for _ in range(args.steps)]
+            times = [runner.step(proposer, forward_s, traffic) for _ in range(args.steps)]
             filed = (filing.seconds - filed) if filing is not None else float("nan")
             median, mean = statistics.median(times) * 1e3, statistics.mean(times) * 1e3
             rate = runner.accepted / runner.drafted if runner.drafted else 0.0
