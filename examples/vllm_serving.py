@@ -35,9 +35,14 @@ numba's llvmlite objects if they are loaded in a worker before vLLM initialises 
 Requests: recorded traces of the three ../shared/traces/*.dev.jsonl files in turn, those whose
 prompt has at most --max-prompt-tokens tokens (whole prompts: a cut prompt would hide from the
 drafters text the 8B model saw), a distinct trace per request; max_tokens = the recorded
-continuation's length capped at --max-tokens. Per method, one engine (one at a time, in this
-process, max_num_seqs = the highest concurrency): a warm-up request, then for each concurrency c of --levels,
-its requests kept c in flight (a finished one is replaced at once). Per cell: tokens/s is output
+continuation's length capped at --max-tokens. Per method, one engine (in this process,
+max_num_seqs = the highest concurrency) warmed up with one request; for each concurrency c of
+--levels, its requests kept c in flight (a finished one is replaced at once). --order level (the
+default): a round starts every method's engine, then serves each level on each engine in turn,
+the order rotated by one from level to level, so that two methods' cells of a level run
+minutes apart, not an engine's whole run apart (the host's speed drifts by 10% and more within a
+round: docs/vllm.md); --order engine: one engine at a time, serving every level. Either way an
+engine serves each trace once, the levels in the same order. Per cell: tokens/s is output
 tokens over the cell's wall time; steady tokens/s, output tokens per second until the last
 request was added (c in flight all along; none where a cell's requests are added at once: c=64
 with 64 requests). The wall time also holds the drain, the last c requests finishing with none to
@@ -60,8 +65,8 @@ fresh pages for each later step's large tensors: at 64 rows 2-6x the minor page 
 and steps 20-40% longer than an engine that never drafted (docs/vllm.md). --preload none runs
 without.
 
-With --rounds R, the methods run R times, each round's order rotated by one (a host that drifts
-favours no method), and every ratio is taken within a round: the summary gives each method's
+With --rounds R, the methods run R times on fresh engines, each round's order rotated by one (a
+host that drifts favours no method), and every ratio is taken within a round: the summary gives each method's
 speed against `none` and against `ngram-never` of the same round, per round and their median.
 """
 
@@ -231,9 +236,26 @@ def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None)
     raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, ngram, ngram-min2, suffix or lookahead")
 
 
-def read_counters(llm) -> dict:
+def vllm_collectors() -> list:
+    """The vLLM metrics now in prometheus' registry: the last engine started in this process's (each new engine
+    unregisters the ones before, vllm.v1.metrics.prometheus.unregister_vllm_metrics)."""
+    from prometheus_client import REGISTRY
+
+    return [c for c in list(REGISTRY._collector_to_names) if getattr(c, "_name", "").startswith("vllm:")]
+
+
+def read_counters(llm, collectors: list) -> dict:
     """vLLM's speculative counters, its per-request time-per-output-token histogram (sum, count) and its engine
-    steps (the count of its per-step histogram of tokens computed)."""
+    steps (the count of its per-step histogram of tokens computed), of the engine whose metrics are `collectors`
+    (vllm_collectors() just after it started: its loggers keep counting into them, registered or not; they are put in
+    the registry to be read, in place of whichever engine's are there)."""
+    from prometheus_client import REGISTRY
+    from vllm.v1.metrics.prometheus import unregister_vllm_metrics
+
+    if vllm_collectors() != collectors:
+        unregister_vllm_metrics()
+        for collector in collectors:
+            REGISTRY.register(collector)
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
     out = dict.fromkeys([*names.values(), "tpot_sum", "tpot_count", "steps"], 0)
@@ -268,46 +290,88 @@ def serve(llm, traces: list, concurrency: int, tag: str) -> tuple[list[list[int]
     return [outputs[i] for i in range(len(traces))], steady
 
 
-def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: int, stats_path: Path,
-               enforce_eager: bool = False, ours: dict | None = None) -> list[dict]:
-    """One engine for `method` (max_num_seqs: the highest concurrency); per level of `levels` ({c: traces}), its row.
+class Engine:
+    """One method's engine (max_num_seqs: the highest concurrency it will serve), started and warmed up with one
+    request; `serve_level` serves a level and returns its row; `close` shuts it down.
     enforce_eager: vLLM's option (the bench keeps vLLM's default, compiled; eager starts an engine in about 20 s
     instead of 35 on 2 cores). ours: our options beside num_draft_tokens and stats_path (engine_args)."""
-    stats_path.unlink(missing_ok=True)  # another round's engine wrote it
-    started = time.perf_counter()
-    llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len, max_num_seqs=max(levels),
-              seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager, disable_log_stats=False, **method_args(method, k, stats_path, ours))
-    print(f"{method}: engine ready in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    async_scheduling = bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
-    rows = []
+
+    def __init__(self, method: str, model: str, *, k: int, max_model_len: int, max_num_seqs: int, stats_path: Path,
+                 enforce_eager: bool = False, ours: dict | None = None):
+        self.method, self.stats_path = method, stats_path
+        stats_path.unlink(missing_ok=True)  # another round's engine wrote it
+        started = time.perf_counter()
+        self.llm = LLM(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=max_model_len,
+                       max_num_seqs=max_num_seqs, seed=0, kv_cache_memory_bytes=1 << 30, enforce_eager=enforce_eager,
+                       disable_log_stats=False, **method_args(method, k, stats_path, ours))
+        print(f"{method}: engine ready in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        self.async_scheduling = bool(self.llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
+        self.collectors = vllm_collectors()  # its metrics (read_counters)
+        try:
+            serve(self.llm, [[[128_000, 9906, 1917] * 8, [0] * 16]], 1, "warm-up")
+            self.ours = read_stats(method, stats_path)  # our counters as the last level left them (None: not ours)
+        except BaseException:
+            self.close()
+            raise
+
+    def serve_level(self, c: int, traces: list) -> dict:
+        """Serves `traces` with c requests in flight; the level's row (its outputs included)."""
+        before = read_counters(self.llm, self.collectors)
+        started = time.perf_counter()
+        outputs, steady = serve(self.llm, traces, c, f"c{c}")
+        seconds = time.perf_counter() - started
+        after = read_counters(self.llm, self.collectors)
+        counts = {key: after[key] - before[key] for key in after}
+        ours_before, ours = self.ours, read_stats(self.method, self.stats_path)
+        self.ours = ours
+        steps = ours["steps"] - ours_before["steps"] if ours else 0
+        return dict(method=self.method, async_scheduling=self.async_scheduling, concurrency=c, requests=len(traces),
+                    tokens=sum(map(len, outputs)), seconds=seconds, steady_tokens_per_s=steady,
+                    tpot_ms=1e3 * counts.pop("tpot_sum") / max(1, counts.pop("tpot_count")), outputs=outputs,
+                    trace=outputs == [g for _, g in traces],
+                    propose_ms=1e3 * (ours["propose_s"] - ours_before["propose_s"]) / steps if steps else None,
+                    load=({key: ours[key] for key in ("fixed_cost_tokens", "draft_cost_tokens")}
+                          | {key: ours[key] - ours_before[key] for key in ("skipped_steps", "withheld_steps", "steps")}
+                          if ours else None), **counts)
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+        if self.method == "lookahead":
+            stats = json.loads(self.stats_path.read_text())
+            print(f"lookahead: fixed_cost_tokens measured {stats['fixed_cost_tokens']:.1f}, draft_cost_tokens "
+                  f"{stats['draft_cost_tokens']:.1f}, drafted tokens cut by the load rule {stats['cut_tokens']}, "
+                  f"{stats['propose_s'] * 1e3 / max(1, stats['steps']):.2f} ms per propose call", file=sys.stderr)
+
+
+def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: int, stats_path: Path,
+               enforce_eager: bool = False, ours: dict | None = None) -> list[dict]:
+    """One engine for `method` serving every level of `levels` ({c: traces}) in turn; per level, its row."""
+    engine = Engine(method, model, k=k, max_model_len=max_model_len, max_num_seqs=max(levels), stats_path=stats_path,
+                    enforce_eager=enforce_eager, ours=ours)
     try:
-        serve(llm, [[[128_000, 9906, 1917] * 8, [0] * 16]], 1, "warm-up")
-        ours = read_stats(method, stats_path)
-        for c, traces in levels.items():
-            before = read_counters(llm)
-            started = time.perf_counter()
-            outputs, steady = serve(llm, traces, c, f"c{c}")
-            seconds = time.perf_counter() - started
-            after = read_counters(llm)
-            counts = {key: after[key] - before[key] for key in after}
-            ours_before, ours = ours, read_stats(method, stats_path)
-            steps = ours["steps"] - ours_before["steps"] if ours else 0
-            rows.append(dict(method=method, async_scheduling=async_scheduling, concurrency=c, requests=len(traces),
-                             tokens=sum(map(len, outputs)), seconds=seconds, steady_tokens_per_s=steady,
-                             tpot_ms=1e3 * counts.pop("tpot_sum") / max(1, counts.pop("tpot_count")), outputs=outputs,
-                             trace=outputs == [g for _, g in traces],
-                             propose_ms=1e3 * (ours["propose_s"] - ours_before["propose_s"]) / steps if steps else None,
-                             load=({key: ours[key] for key in ("fixed_cost_tokens", "draft_cost_tokens")}
-                                   | {key: ours[key] - ours_before[key] for key in ("skipped_steps", "withheld_steps", "steps")}
-                                   if ours else None), **counts))
+        return [engine.serve_level(c, traces) for c, traces in levels.items()]
     finally:
-        llm.llm_engine.engine_core.shutdown()
-    if method == "lookahead":
-        stats = json.loads(stats_path.read_text())
-        print(f"lookahead: fixed_cost_tokens measured {stats['fixed_cost_tokens']:.1f}, draft_cost_tokens {stats['draft_cost_tokens']:.1f}, "
-              f"drafted tokens cut by the load rule {stats['cut_tokens']}, {stats['propose_s'] * 1e3 / max(1, stats['steps']):.2f} ms "
-              f"per propose call", file=sys.stderr)
-    return rows
+        engine.close()
+
+
+def run_round(methods: list[str], model: str, levels: dict, *, k: int, max_model_len: int, folder: Path) -> list[dict]:
+    """Every method's engine started (in the order of `methods`), then each level served by every engine in turn, the
+    order rotated by one from level to level: a method's cell and another's at the same level run minutes apart at most,
+    not an engine's whole run apart. Each engine serves each trace once, as run_method's does (our memory sees each
+    request once, in the same order)."""
+    engines = []
+    try:
+        for method in methods:
+            engines.append(Engine(method, model, k=k, max_model_len=max_model_len, max_num_seqs=max(levels),
+                                  stats_path=folder / f"stats-{method}.json"))
+        rows = []
+        for i, (c, traces) in enumerate(levels.items()):
+            for engine in engines[i % len(engines):] + engines[: i % len(engines)]:
+                rows.append(engine.serve_level(c, traces))
+        return rows
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 def read_stats(method: str, stats_path: Path) -> dict | None:
@@ -346,6 +410,9 @@ def main() -> None:
                         help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, the order rotated each round")
+    parser.add_argument("--order", choices=("level", "engine"), default="level",
+                        help="level: a round's engines all started, each level served by each in turn; engine: one engine "
+                             "at a time, serving every level")
     parser.add_argument("--preload", choices=("auto", "none"), default="auto",
                         help="auto: on a CPU, the engines preload tcmalloc and libiomp5 where found, as vLLM's CPU install asks")
     parser.add_argument("--json", type=Path, help="also write the machine, the arguments and every row there, as JSON")
@@ -375,11 +442,17 @@ def main() -> None:
         model = Path(folder) / "trace-forced-llama"
         build_model(model)
         rows = []
+        max_model_len = args.max_prompt_tokens + args.max_tokens + 2 * args.num_draft_tokens
         for round_ in range(args.rounds):
-            for method in methods[round_ % len(methods):] + methods[: round_ % len(methods)]:
-                rows += [dict(row, round=round_) for row in
-                         run_method(method, str(model), levels, k=args.num_draft_tokens, stats_path=Path(folder) / "stats.json",
-                                    max_model_len=args.max_prompt_tokens + args.max_tokens + 2 * args.num_draft_tokens)]
+            order = methods[round_ % len(methods):] + methods[: round_ % len(methods)]
+            if args.order == "level":
+                made = run_round(order, str(model), levels, k=args.num_draft_tokens, max_model_len=max_model_len,
+                                 folder=Path(folder))
+            else:
+                made = [row for method in order for row in
+                        run_method(method, str(model), levels, k=args.num_draft_tokens, max_model_len=max_model_len,
+                                   stats_path=Path(folder) / f"stats-{method}.json")]
+            rows += [dict(row, round=round_) for row in made]
 
     plain = {(r["round"], r["concurrency"]): r for r in rows if r["method"] == "none"}
     for r in rows:
