@@ -574,6 +574,31 @@ def test_step_costs_measured_between_calls():
     assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
 
 
+def test_the_step_cost_fit_is_the_faded_penalised_least_squares_line():
+    """DraftStepCost solves its 3x3 system by hand (load.solve3, no numpy on the per-step path): the same
+    F/p and D/p as numpy's least squares over the faded steps and the prior's rows, on engine-like steps
+    (1 to 600 tokens, 5 to 80 ms)."""
+    rng = np.random.default_rng(0)
+    fit = DraftStepCost(prior=64.0)
+    xs, ys = [], []
+    for _ in range(300):
+        rows = int(rng.choice([1, 4, 16, 64]))
+        tokens = rows + int(rng.integers(0, 8 * rows)) * int(rng.random() < 0.6)
+        drafted = tokens > rows
+        seconds = 0.004 + 0.0006 * tokens + 0.002 * drafted + rng.normal(0, 0.001)
+        fit.observe(tokens, drafted, seconds)
+        xs.append([1.0, tokens, float(drafted)])
+        ys.append(seconds)
+    weights = np.sqrt(fit.fade ** np.arange(len(xs))[::-1])
+    values, vectors = np.linalg.eigh(np.array(fit._penalty))
+    penalty = np.sqrt(np.clip(values, 0, None))[:, None] * vectors.T  # rows r with r^T r = the penalty
+    a = np.vstack([np.array(xs) * weights[:, None], penalty])
+    fixed, per_token, draft = np.linalg.lstsq(a, np.concatenate([np.array(ys) * weights, np.zeros(3)]), rcond=None)[0]
+    assert fit.fixed_cost_tokens == pytest.approx(fixed / per_token, rel=1e-6)
+    assert fit.draft_cost_tokens == pytest.approx(draft / per_token, rel=1e-6)
+    assert 5 < fit.fixed_cost_tokens < 9 and 2 < fit.draft_cost_tokens < 5  # near the truth (F/p 6.7, D/p 3.3) after 300 steps
+
+
 @pytest.mark.parametrize(("gain", "noise", "low", "high"), [
     (-0.3, 0.15, 0.0, 0.3),  # drafts lose 30% under steps 15% apart: mostly withheld
     (-0.05, 0.02, 0.0, 0.2),  # a 5% loss where steps hardly vary (many rows, each step their mean): nearly never sent

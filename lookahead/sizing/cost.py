@@ -37,7 +37,7 @@ def fixed_cost_tokens_of(fixed: float, per_token: float, bounds=FIXED_COST_BOUND
     nothing measurable) gives the upper bound."""
     if per_token <= 0:
         return float(bounds[1])
-    return float(np.clip(fixed / per_token, *bounds))
+    return float(min(max(fixed / per_token, bounds[0]), bounds[1]))  # (np.clip on a scalar: ~5 µs, every engine step)
 
 
 def line_through(seconds) -> float:

@@ -47,13 +47,14 @@ class DraftStepCost:
         self.prior_weight = prior_weight
         self.fade = fade
         self.samples = 0
-        self._normal = np.zeros((3, 3))  # faded sum of x x^T, x = (1, tokens, drafted)
-        self._moment = np.zeros(3)  # faded sum of x * seconds
+        # Python lists, not arrays: observe runs every engine step, and numpy's per-call cost on 3x3 is tens of µs
+        self._normal = [[0.0] * 3 for _ in range(3)]  # faded sum of x x^T, x = (1, tokens, drafted)
+        self._moment = [0.0] * 3  # faded sum of x * seconds
         self._fixed = self.prior
         self._draft = 0.0
         line = np.array([1.0, -self.prior, 0.0]) / np.hypot(1.0, self.prior)  # F = prior * p
         extra = np.array([0.0, 0.0, 1.0])  # D = 0, weighed lightly: drafted steps carry more tokens, D and p are entangled
-        self._penalty = self.prior_weight * (np.outer(line, line) + DRAFT_PRIOR_SHARE * np.outer(extra, extra))
+        self._penalty = (self.prior_weight * (np.outer(line, line) + DRAFT_PRIOR_SHARE * np.outer(extra, extra))).tolist()
 
     @property
     def fixed_cost_tokens(self) -> float:
@@ -67,21 +68,34 @@ class DraftStepCost:
         """Whether too few of the measured steps ran without drafts to tell D from F (PLAIN_SHARE):
         the next step should send none. Steps without drafts come on their own where matches are
         rare; where every step drafts, one in about ten is sent plain."""
-        steps, drafted = self._normal[0, 0], self._normal[2, 2]
+        steps, drafted = self._normal[0][0], self._normal[2][2]
         return self.samples >= 8 and steps - drafted < PLAIN_SHARE * steps
 
     def observe(self, tokens: int, drafted: bool, seconds: float) -> None:
         """Learns from a step that verified `tokens` tokens (`drafted`: some of them drafted) in `seconds`."""
-        x = np.array([1.0, float(tokens), float(bool(drafted))])
-        self._normal *= self.fade
-        self._normal += np.outer(x, x)
-        self._moment *= self.fade
-        self._moment += x * seconds
+        x = (1.0, float(tokens), 1.0 if drafted else 0.0)
+        fade, normal, moment = self.fade, self._normal, self._moment
+        for i in range(3):
+            for j in range(3):
+                normal[i][j] = fade * normal[i][j] + x[i] * x[j]
+            moment[i] = fade * moment[i] + x[i] * seconds
         self.samples += 1
-        fixed, per_token, draft = np.linalg.solve(self._normal + self._penalty, self._moment)
+        fixed, per_token, draft = solve3([[a + b for a, b in zip(row, penalty)] for row, penalty in zip(normal, self._penalty)], moment)
         self._fixed = fixed_cost_tokens_of(fixed, per_token)
         per_token = max(per_token, fixed / FIXED_COST_BOUNDS[1], 1e-12)  # as fixed_cost_tokens_of bounds it
-        self._draft = float(np.clip(draft / per_token, *DRAFT_COST_BOUNDS))
+        self._draft = min(max(draft / per_token, DRAFT_COST_BOUNDS[0]), DRAFT_COST_BOUNDS[1])
+
+
+def solve3(a: list, b: list) -> list:
+    """x with a @ x = b for a 3x3 matrix `a` (nested lists), by its cofactors: a few µs where numpy's solve takes
+    tens. `a` here is a faded normal matrix plus a positive definite penalty, so it is never singular."""
+    (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = a
+    c00, c01, c02 = a11 * a22 - a12 * a21, a12 * a20 - a10 * a22, a10 * a21 - a11 * a20
+    c10, c11, c12 = a02 * a21 - a01 * a22, a00 * a22 - a02 * a20, a01 * a20 - a00 * a21
+    c20, c21, c22 = a01 * a12 - a02 * a11, a02 * a10 - a00 * a12, a00 * a11 - a01 * a10
+    det = a00 * c00 + a01 * c01 + a02 * c02
+    b0, b1, b2 = b
+    return [(c00 * b0 + c10 * b1 + c20 * b2) / det, (c01 * b0 + c11 * b1 + c21 * b2) / det, (c02 * b0 + c12 * b1 + c22 * b2) / det]
 
 
 def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: float, draft_cost_tokens: float) -> bool:
