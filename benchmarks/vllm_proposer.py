@@ -15,12 +15,15 @@ thread meanwhile, timed apart as "filing"), then, with --forward-mb M, reads and
 caches: the serving bench's forward at 64 rows moves about 165 MB, its output layer's 131 MB
 of weights and 33 MB of logits; docs/vllm.md has what that costs a step). Printed per row count: the median and mean wall
 time of `propose` per step (after a warm-up of --warm steps), its microseconds per row, the
-filing thread's time per step, and the drafted and accepted tokens, for three load rules:
+filing thread's time per step, and the drafted and accepted tokens, for four load rules:
 
 - `draft-all`: cost_aware=False, every chain sent whole (the most work a step does);
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
 - `rule F/p=2`: the load rule at this CPU's measured cost (docs/vllm.md: 1 to 7), where at
-  many rows no drafted token pays and the proposer drafts nothing.
+  many rows no drafted token pays and the proposer drafts nothing;
+- `rule learnt`: the default, the line and the gate learnt from the time
+  between calls (what the engine runs); this "forward" takes the same time whatever it
+  verifies, so the line learns F/p at its upper bound and drafts go out nearly whole.
 """
 
 import argparse
@@ -135,7 +138,8 @@ def config(rows: int, **options):
         scheduler_config=SimpleNamespace(max_num_seqs=rows), additional_config={"lookahead": options})
 
 
-RULES = {"draft-all": {"cost_aware": False}, "rule F/p=64": {"fixed_cost_tokens": 64.0}, "rule F/p=2": {"fixed_cost_tokens": 2.0}}
+RULES = {"draft-all": {"cost_aware": False}, "rule F/p=64": {"fixed_cost_tokens": 64.0}, "rule F/p=2": {"fixed_cost_tokens": 2.0},
+         "rule learnt": {}}
 
 
 def main() -> None:
