@@ -577,7 +577,7 @@ def test_step_costs_measured_between_calls():
 def test_the_step_cost_fit_is_the_faded_penalised_least_squares_line():
     """DraftStepCost solves its 3x3 system by hand (load.solve3, no numpy on the per-step path): the same
     F/p and D/p as numpy's least squares over the faded steps and the prior's rows, on engine-like steps
-    (1 to 600 tokens, 5 to 80 ms)."""
+    (1 to 576 tokens, 5 to 350 ms)."""
     rng = np.random.default_rng(0)
     fit = DraftStepCost(prior=64.0)
     xs, ys = [], []
