@@ -21,9 +21,9 @@ filing thread's time per step, and the drafted and accepted tokens, for four loa
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
 - `rule F/p=2`: the load rule at this CPU's measured cost (docs/vllm.md: 1 to 7), where at
   many rows no drafted token pays and the proposer drafts nothing;
-- `rule learnt`: the default, the line and the gate learnt from the time
-  between calls (what the engine runs); this "forward" takes the same time whatever it
-  verifies, so the line learns F/p at its upper bound and drafts go out nearly whole.
+- `rule learnt`: the default, the line and the gate learnt from the time between calls (what
+  the engine runs); this "forward" takes the same time whatever it verifies, so the line
+  learns F/p at its upper bound and drafts go out nearly whole.
 """
 
 import argparse
