@@ -344,11 +344,12 @@ class LookupProposer:
         num_rows = len(sampled)
         self._row_buffers(num_rows)
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
-        num_sampled = np.fromiter(map(len, sampled), dtype=np.int64, count=num_rows)  # (row,)
+        lengths = [len(ids) for ids in sampled]  # (row,) a list: the step's Python reads it without numpy's per-call cost
+        num_sampled = np.array(lengths, dtype=np.int64)  # (row,)
         keys, prompt_lens = self._batch_keys(num_rows, num_tokens, token_ids)
         slots, joined = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
         verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
-        self._measure_step(keys, num_sampled, joined, start)
+        self._measure_step(keys, lengths, joined, start)
 
         s = self.slots
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
@@ -409,14 +410,14 @@ class LookupProposer:
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
-        decoded = keys if decode == num_rows else [keys[row] for row in np.flatnonzero(num_sampled > 0).tolist()]
+        decoded = keys if decode == num_rows else [key for key, n in zip(keys, lengths) if n]
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
         self._last_keys = set(keys)
         return out
 
     # -- the load rule -------------------------------------------------------------------------
 
-    def _measure_step(self, keys, num_sampled, joined, now) -> None:
+    def _measure_step(self, keys, lengths, joined, now) -> None:
         """Adds the step that just ran to the cost fit: (tokens it verified, seconds since we returned).
 
         Only steps that ran exactly the rows we returned for: no request joined (its prefill ran
@@ -426,10 +427,10 @@ class LookupProposer:
         if not isinstance(self.cost, DraftStepCost) or last is None or joined:
             return
         decode_keys, tokens, drafted, promised, returned = last
-        if not num_sampled.all() or keys != decode_keys or now <= returned:
+        if 0 in lengths or keys != decode_keys or now <= returned:
             return
         self.cost.observe(tokens, drafted, now - returned)
-        self.gate.observe(len(keys), promised if drafted else 0.0, float(num_sampled.sum()) / (now - returned))  # the tokens it wrote
+        self.gate.observe(len(keys), promised if drafted else 0.0, sum(lengths) / (now - returned))  # the tokens it wrote
 
     # -- rows -> requests ----------------------------------------------------------------------
 
@@ -456,14 +457,16 @@ class LookupProposer:
         if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
             slots, joined = self._slots_seen.copy(), False
         else:
-            slots = np.fromiter((requests.get(key, -1) for key in keys), dtype=np.int64, count=len(keys))
-            joined = bool(slots.min(initial=0) < 0)
+            slot_of = [requests.get(key, -1) for key in keys]
+            slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
         s, stale = self.slots, self._stale[: len(keys)]
+        unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
         if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
             for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
-        for row in (np.flatnonzero(slots < 0).tolist() if slots.min(initial=0) < 0 else ()):
+            unslotted = True
+        for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
             n = int(num_tokens[row])
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
             doc = self._doc_of(self.documents.store_for(token_ids[row, :prompt_len], min_ngram=self.slots.min_ngram,
