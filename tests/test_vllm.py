@@ -1070,8 +1070,8 @@ def test_bench_preloads_what_vllm_asks_for_once(trace_forced):
 
 
 def test_custom_never_runs_the_custom_class_path_and_drafts_nothing(trace_forced, tmp_path):
-    """The bench's `custom-never`: vLLM's custom-class proposer path (ours') with a proposer that returns no draft,
-    the floor under a custom proposer's cost; the forced outputs unchanged."""
+    """The bench's `custom-never`: vLLM's custom-class proposer path (the one ours takes) with a proposer that
+    returns no draft, the floor under a custom proposer's cost; the forced outputs unchanged."""
     bench, traces, model = trace_forced
     spec = bench.method_args("custom-never", K, tmp_path / "stats.json")["speculative_config"]
     assert spec["method"] == "custom_class" and spec[proposer_key()] == "vllm_serving.NeverProposer", spec
