@@ -29,7 +29,7 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
-from lookahead.integrations.vllm.load import DraftGate, DraftStepCost
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
@@ -361,10 +361,10 @@ def test_drafts_never_exceed_num_speculative_tokens():
 
 class ReferenceProposer:
     """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and
-    KeepRate; one TokenStore as memory; batch_draft_sizes): what kernels.advance, batch_sizes and commit
-    must reproduce for all rows at once."""
+    KeepRate; one TokenStore as memory; batch_draft_sizes; worth_sending under the cost's h and d):
+    what kernels.advance, batch_sizes and commit must reproduce for all rows at once."""
 
-    def __init__(self, k, max_model_len, cost, eos_token_id):
+    def __init__(self, k, max_model_len, cost, eos_token_id):  # cost: fixed_cost_tokens (h), draft_cost_tokens (d)
         self.k, self.max_model_len, self.cost, self.eos = k, max_model_len, cost, eos_token_id
         self.memory = TokenStore()
         self.requests, self.sent, self.steps = {}, {}, 0
@@ -391,14 +391,22 @@ class ReferenceProposer:
             room = min(self.k, self.max_model_len - n)
             keys.append((key, request, room if written else 0))
         decode = [(key, request, room) for key, request, room in keys if room > 0]
-        bar = len(decode) / (self.cost.fixed_cost_tokens + len(decode))  # a row below it for every anchor length: not drafted
+        h, d, n_decode = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens, len(decode)
+        line = LineCost(h + d)  # once a draft is sent, D is paid: the sizer's fixed part
+
+        def worth(chances, lengths):  # the sizes the sizer takes, or none where they would not raise tokens per second
+            sizes = batch_draft_sizes(chances, lengths, cost=line)
+            expected = sum(min(c, MAX_CHANCE) ** j for c, size in zip(chances, sizes) for j in range(1, size + 1))
+            return sizes if worth_sending(n_decode, expected, sum(sizes), h, d) else [0] * len(sizes)
+
+        bar = n_decode / (h + d + n_decode)  # a row below it for every anchor length: not drafted
         drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
             request.keep_rate.keep_chance(m) for m in range(request.drafter.max_ngram + 1))) > bar]
         out = {}
         if drafting:
             chains = {key: (request, request.propose(room)) for key, request, room in drafting}
-            sizes = batch_draft_sizes([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
-                                      [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode], cost=self.cost)
+            sizes = worth([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
+                          [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode])
             for (key, _, _), size in zip(decode, sizes):
                 if key in chains:
                     request, chain = chains[key]
@@ -418,15 +426,17 @@ class ReferenceProposer:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("first_capacity", [None, (4, 16)])
 def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
-    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense;
-    with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
+    """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
+    step cost with and without D (with it, drafts withheld by worth_sending, their chains watched); with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
     if first_capacity is not None:
         monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
         monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])
     rng = random.Random(seed)
     k, max_model_len = 4, 200
-    cost = LineCost(rng.choice([2.0, 16.0, 4096.0]))
-    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=cost.fixed_cost_tokens))
+    h, d = rng.choice([(2.0, 0.0), (16.0, 0.0), (4096.0, 0.0), (16.0, 4.0), (6.0, 3.0)])
+    cost = SimpleNamespace(fixed_cost_tokens=h, draft_cost_tokens=d)  # h and d, as load.DraftStepCost learns them
+    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=h))
+    proposer.cost = cost
     reference = ReferenceProposer(k, max_model_len, cost, eos_token_id=2)
     reference.memory_later = []
     runner = FakeRunner(proposer)
@@ -472,6 +482,8 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypat
         if not live:
             live, started = [new_request(started)], started + 1
     assert proposer.stats.drafts > 0 and proposer.stats.finished > 0
+    if d:  # drafts were made and withheld (worth_sending), their chains watched as the request classes watch them
+        assert proposer.stats.withheld_steps > 0
 
 
 def greedy_batch_sizes(chances, lengths, fixed_cost_tokens):
