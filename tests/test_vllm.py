@@ -427,7 +427,8 @@ class ReferenceProposer:
 @pytest.mark.parametrize("first_capacity", [None, (4, 16)])
 def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
-    step cost with and without D (with it, drafts withheld by worth_sending, their chains watched); with first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
+    step cost with and without D (with it, drafts withheld by worth_sending, their chains watched); with
+    first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
     if first_capacity is not None:
         monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
         monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])
