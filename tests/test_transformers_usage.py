@@ -103,15 +103,16 @@ def test_stats_describe_the_call():
 
 def test_cost_aware_drafts_are_sized_by_what_the_model_wrote(monkeypatch):
     from lookahead.integrations import calibration
-    from lookahead.sizing.cost import SIZES, StepCosts
+    from lookahead.sizing.cost import SIZES
 
     model = stories_model()
     input_ids = story_prompt(model)
-    # The curve the first draft is priced on is set here, not learnt from whatever this process
-    # timed before: on a model this small the steps are near flat, and a curve priced flat by
-    # noise rightly drafts the whole chain. Here each extra token costs a tenth of a plain step.
-    seconds = StepCosts(np.array([1e-3 * (1 + 0.1 * (size - 1)) for size in SIZES]))
-    monkeypatch.setattr(calibration, "LEARNT", {(*calibration.model_key(model), "assistant"): seconds})
+    # The curve the first draft is priced on is a calibration set here (step_costs seeds from it), not
+    # what this process learnt before: on a model this small the steps are near flat, and a curve
+    # priced flat by noise rightly drafts the whole chain. Here each extra token costs a tenth of a plain step.
+    chain = np.array([1e-3 * (1 + 0.1 * (size - 1)) for size in SIZES])
+    monkeypatch.setattr(calibration, "CALIBRATED", {calibration.model_key(model): {"chain": chain}})
+    monkeypatch.setattr(calibration, "LEARNT", {})
     sized, unsized = LookupDrafter(), LookupDrafter(cost_aware=False)
     expected = model.generate(input_ids, max_new_tokens=30, do_sample=False)
     for drafter in (sized, unsized):
