@@ -588,6 +588,20 @@ def test_step_costs_measured_between_calls():
     assert not isinstance(LookupProposer(fake_config(fixed_cost_tokens=32)).cost, DraftStepCost)  # fixed: nothing measured
 
 
+def test_a_step_after_a_prefill_chunk_is_measured_over_its_decode_rows():
+    """The rows a step decoded are those with room for a chain, whether or not they drafted: once the row
+    in a prefill chunk leaves (aborted), the next step ran exactly the decode rows and is measured."""
+    proposer = LookupProposer(fake_config(k=4))
+    runner = FakeRunner(proposer)
+    plain, chunk = list(range(100, 112)), list(range(200, 212))  # "a" repeats nothing: it never drafts
+    runner.step(proposer, [("a", plain, [1]), ("c", C, [40]), ("b", chunk, [])], [[1], [40], []])
+    out = runner.step(proposer, [("a", plain, [1, 2]), ("c", C, [40, 41]), ("b", chunk, [])], [[2], [41], []])
+    assert out[0] == [] and out[1] != [] and out[2] == []  # "c" drafted, "a" did not, "b" is still in its prefill
+    samples = proposer.cost.samples
+    runner.step(proposer, [("a", plain, [1, 2, 3]), ("c", C, [40, 41, 42])], [[3], [42]])  # "b" aborted
+    assert proposer.cost.samples == samples + 1
+
+
 def test_the_step_cost_fit_is_the_faded_penalised_least_squares_line():
     """DraftStepCost solves its 3x3 system by hand (load.solve3, no numpy on the per-step path): the same
     F/p and D/p as numpy's least squares over the faded steps and the prior's rows, on engine-like steps

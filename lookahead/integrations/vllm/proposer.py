@@ -376,11 +376,11 @@ class LookupProposer:
         self._count_step(num_rows, verified, theirs, num_sampled)
         self.stats.skipped_steps += decode > 0 and not drafting
 
-        lengths, sizes = self._out_len[:num_rows], self._sizes[:num_rows]
+        chains, sizes = self._out_len[:num_rows], self._sizes[:num_rows]  # (row,) each chain's length, its tokens sent
         sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = batch_sizes(self._out_chance[:num_rows], lengths, decode, h + d, sizes)
+            taken, expected = batch_sizes(self._out_chance[:num_rows], chains, decode, h + d, sizes)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if (plain or not worth_sending(decode, expected, taken, h, d)
@@ -390,12 +390,12 @@ class LookupProposer:
                 else:
                     promised = expected
         elif drafting:
-            sizes[:] = lengths
-            promised = float(lengths.sum())  # unsized: the gate is not asked; its classes see the whole chains
+            sizes[:] = chains
+            promised = float(chains.sum())  # unsized: the gate is not asked; its classes see the whole chains
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
-            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, lengths, self._out_match,
+            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, chains, self._out_match,
                                                   s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
             if sent_tokens:
                 sent = np.flatnonzero(sizes)
@@ -410,7 +410,7 @@ class LookupProposer:
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
-        decoded = keys if decode == num_rows else [key for key, n in zip(keys, lengths) if n]
+        decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
         self._last_keys = set(keys)
         return out
