@@ -246,7 +246,7 @@ class LookupProposer:
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
         self._last_step = None  # (decode row keys, tokens verified, drafted?, kept tokens its drafts promised, time returned) of the last step
-        self._last_keys: set = set()  # request keys of the last step's rows
+        self._last_keys: list = []  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
         self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts)
@@ -402,7 +402,7 @@ class LookupProposer:
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
-        self._last_keys = set(keys)
+        self._last_keys = keys
         return out
 
     # -- the load rule -------------------------------------------------------------------------
@@ -428,8 +428,10 @@ class LookupProposer:
         """(request key of each row, prompt lengths or None); retires finished requests."""
         batch = getattr(self.runner, "input_batch", None)
         req_ids = getattr(batch, "req_ids", None)
-        if req_ids is not None and len(req_ids) >= num_rows and None not in req_ids[:num_rows]:
-            keys = list(req_ids[:num_rows])
+        keys = list(req_ids[:num_rows]) if req_ids is not None and len(req_ids) >= num_rows else [None]
+        if None not in keys:
+            if keys == self._keys_seen and not self._retired and len(self.requests) == num_rows:
+                return keys, batch.num_prompt_tokens  # the last step's rows, and no request of ours outside them: none finished
             gone = self.requests.keys() - getattr(self.runner, "requests", {}).keys()
             if gone:
                 gone -= set(keys)
@@ -505,6 +507,7 @@ class LookupProposer:
             rows = [row for row, ids in enumerate(spec[:num_rows]) if ids]
         elif sent_of:
             rows = [row for row, s in enumerate(slots.tolist()) if s in sent_of]
+            last_keys = set(self._last_keys)
         else:
             rows = []
         if not rows:
@@ -515,7 +518,7 @@ class LookupProposer:
             sent = sent_of.get(slot_of[row], ())
             moved = bool(sent) and n_of[row] == int(meta[slot_of[row], kernels.PLAN_POS]) + len(sampled[row])
             if not by_runner:
-                ours[row] = len(sent) if moved and keys[row] in self._last_keys else 0
+                ours[row] = len(sent) if moved and keys[row] in last_keys else 0
                 continue
             checked = len(spec[row])
             if moved and spec[row] == sent[:checked]:
