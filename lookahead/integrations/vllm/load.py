@@ -20,6 +20,8 @@ briefly, and is measured again. D is told from F only by steps without drafts: w
 on their own, one in about ten steps is sent without (`wants_plain_step`).
 """
 
+import bisect
+
 import numpy as np
 
 from lookahead.sizing.cost import FIXED_COST_BOUNDS, fixed_cost_tokens_of
@@ -47,9 +49,8 @@ class DraftStepCost:
         self.prior_weight = prior_weight
         self.fade = fade
         self.samples = 0
-        # Python lists, not arrays: observe runs every engine step, and numpy's per-call cost on 3x3 is tens of µs
-        self._normal = [[0.0] * 3 for _ in range(3)]  # faded sum of x x^T, x = (1, tokens, drafted)
-        self._moment = [0.0] * 3  # faded sum of x * seconds
+        # a Python list, not arrays: observe runs every engine step, and numpy's per-call cost on 3x3 is tens of µs
+        self._sums = [0.0] * 9  # faded sums of x x^T (1, t, d, tt, td, dd) and x * seconds (y, ty, dy), x = (1, t, d)
         self._fixed = self.prior
         self._draft = 0.0
         line = np.array([1.0, -self.prior, 0.0]) / np.hypot(1.0, self.prior)  # F = prior * p
@@ -68,26 +69,26 @@ class DraftStepCost:
         """Whether too few of the measured steps ran without drafts to tell D from F (PLAIN_SHARE):
         the next step should send none. Steps without drafts come on their own where matches are
         rare; where every step drafts, one in about ten is sent plain."""
-        steps, drafted = self._normal[0][0], self._normal[2][2]
+        steps, drafted = self._sums[0], self._sums[5]  # (d d = d: drafted is 0 or 1)
         return self.samples >= 8 and steps - drafted < PLAIN_SHARE * steps
 
     def observe(self, tokens: int, drafted: bool, seconds: float) -> None:
         """Learns from a step that verified `tokens` tokens (`drafted`: some of them drafted) in `seconds`."""
-        x = (1.0, float(tokens), 1.0 if drafted else 0.0)
-        fade, normal, moment = self.fade, self._normal, self._moment
-        for i in range(3):
-            for j in range(3):
-                normal[i][j] = fade * normal[i][j] + x[i] * x[j]
-            moment[i] = fade * moment[i] + x[i] * seconds
+        t, d, y, f, sums = float(tokens), 1.0 if drafted else 0.0, seconds, self.fade, self._sums
+        sums[:] = (f * sums[0] + 1.0, f * sums[1] + t, f * sums[2] + d, f * sums[3] + t * t, f * sums[4] + t * d,
+                   f * sums[5] + d * d, f * sums[6] + y, f * sums[7] + t * y, f * sums[8] + d * y)
         self.samples += 1
-        fixed, per_token, draft = solve3([[a + b for a, b in zip(row, penalty)] for row, penalty in zip(normal, self._penalty)], moment)
+        n1, nt, nd, ntt, ntd, ndd, my, mty, mdy = sums
+        (p00, p01, p02), (_, p11, p12), (_, _, p22) = self._penalty  # symmetric
+        fixed, per_token, draft = solve3(((n1 + p00, nt + p01, nd + p02), (nt + p01, ntt + p11, ntd + p12),
+                                          (nd + p02, ntd + p12, ndd + p22)), (my, mty, mdy))
         self._fixed = fixed_cost_tokens_of(fixed, per_token)
         per_token = max(per_token, fixed / FIXED_COST_BOUNDS[1], 1e-12)  # as fixed_cost_tokens_of bounds it
         self._draft = min(max(draft / per_token, DRAFT_COST_BOUNDS[0]), DRAFT_COST_BOUNDS[1])
 
 
 def solve3(a: list, b: list) -> list:
-    """x with a @ x = b for a 3x3 matrix `a` (nested lists), by its cofactors: a few µs where numpy's solve takes
+    """x with a @ x = b for a 3x3 matrix `a` (nested sequences), by its cofactors: a few µs where numpy's solve takes
     tens. `a` here is a faded normal matrix plus a positive definite penalty, so it is never singular."""
     (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = a
     c00, c01, c02 = a11 * a22 - a12 * a21, a12 * a20 - a10 * a22, a10 * a21 - a11 * a20
@@ -157,8 +158,7 @@ class DraftGate:
         """-1 for a plain step (nothing expected: no draft sent), else the drafts' class 0..len(EXPECTED_EDGES)."""
         if expected <= 0.0:
             return -1
-        per_row = expected / max(int(rows), 1)
-        return sum(per_row >= edge for edge in cls.EXPECTED_EDGES)
+        return bisect.bisect_right(cls.EXPECTED_EDGES, expected / max(int(rows), 1))  # the edges at or below it
 
     def observe(self, rows: int, expected: float, tokens_per_s: float) -> None:
         """A measured step of `rows` decode rows whose drafts were expected to keep `expected` tokens (0: none sent)."""
