@@ -138,6 +138,23 @@ def test_rows_follow_requests_through_finish_reuse_and_condense(identity):
     assert proposer.stats.rows_by_content == (0 if identity == "auto" else 5)
 
 
+def test_requests_finished_in_one_step_are_retired_in_arrival_order():
+    """Finished requests are filed into memory in the order they arrived, whatever rows they held (the memory's
+    order is deterministic), and a request that kept its row keeps its slot."""
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    retired = []
+    retire = proposer._retire
+    proposer._retire = lambda key: (retired.append(key), retire(key))
+    runner.step(proposer, [("b", B, [20])], [[20]])
+    runner.step(proposer, [("a", A, [5]), ("b", B, [20, 21])], [[5], [21]])  # "a" arrived after "b", in row 0
+    runner.step(proposer, [("c", C, [40]), ("d", [1, 2], [3])], [[40], [3]])  # "a" and "b" finished
+    assert retired == ["b", "a"] and set(proposer.requests) == {"c", "d"}
+    slot_c = proposer.requests["c"]
+    runner.step(proposer, [("c", C, [40, 41])], [[41]])  # "d" finished, "c" kept its row
+    assert retired == ["b", "a", "d"] and proposer.requests == {"c": slot_c}
+
+
 @pytest.mark.parametrize("identity", ["auto", "content"])
 def test_memory_serves_a_later_request(identity):
     proposer = new_proposer(row_identity=identity)
