@@ -585,7 +585,7 @@ def test_load_rule_follows_measured_acceptance():
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
         slot = proposer.requests["a"]
-        chain = proposer.slots.plan_ids[slot, : proposer.slots.meta[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
+        chain = proposer.slots.plan_ids[slot, : proposer.slots.plan_len[slot]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
     assert long_draft >= 6 and first == []

@@ -6,24 +6,17 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
     tokens[s]   int32[cap]           # the request's tokens as indexed (a TokenIndex's buffers, kernels.py's layout)
     prev[s]     int32[cap]
     table[s]    int32[cap_slots]
-    meta        int64[S, META]       # the slot's counters, one row per slot (columns below): a step reads
-                                     # one or two cache lines per request, not one per counter
+    copied      int64[S]             # tokens copied from the row: tokens[s][:copied[s]]
+    indexed     int64[S]             # of those, indexed (lazily: only when the row drafts)
+    used        int64[S]             # table slots used
+    prompt_len  int64[S]             # the source of the first-occurrence rule (LookupDrafter._fill_trie)
+    doc         int64[S]             # index into `docs` of the request's documents store; -1: none
     keep        float64[S, M + 1, 2] # per anchor length m: faded (kept tokens, failures), as sizing.KeepRate
     overall     float64[S, 2]        # faded (kept, failed) over every length, prior (1, 1)
+    plan_len    int64[S]             # the pending chain's length (-1: no plan pending)
+    plan_size, plan_match, plan_pos  # tokens of it sent; its anchor length; the row's length when drafted
     plan_ids    int32[S, K]          # the pending chain
     watch_*     [S, W(, K)]          # rests of chains past what was verified, in order of arrival (KeepRate.watched)
-
-meta's columns:
-
-    COPIED       # tokens copied from the row: tokens[s][:meta[s, COPIED]]
-    INDEXED      # of those, indexed (lazily: only when the row drafts)
-    USED         # table slots used
-    PROMPT_LEN   # the source of the first-occurrence rule (LookupDrafter._fill_trie)
-    DOC          # index into `docs` of the request's documents store; -1: none
-    LAST_TOKEN, FIRST_TOKEN  # the last and first tokens copied, for the reused-id check (stale_rows)
-    PLAN_LEN     # the pending chain's length (-1: no plan pending)
-    PLAN_SIZE, PLAN_MATCH, PLAN_POS  # tokens of it sent; its anchor length; the row's length when drafted
-    TOKEN_CAPACITY, TABLE_CAPACITY   # tokens[s].shape[0], table[s].shape[0]
 
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the
@@ -52,11 +45,6 @@ FADE = 0.9  # KeepRate's default fade
 MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this (KeepRate keeps every one)
 # An index tuple as kernels.py lays it out: (tokens, prev, table, n, min_ngram, max_ngram)
 INDEX_TUPLE = types.Tuple((types.int32[::1], types.int32[::1], types.int32[::1], types.int64, types.int64, types.int64))
-
-# meta's columns (a slot's counters; the layout above)
-COPIED, INDEXED, USED, PROMPT_LEN, DOC, LAST_TOKEN, FIRST_TOKEN = 0, 1, 2, 3, 4, 5, 6
-PLAN_LEN, PLAN_SIZE, PLAN_MATCH, PLAN_POS, TOKEN_CAPACITY, TABLE_CAPACITY = 7, 8, 9, 10, 11, 12
-META = 16  # meta's width: 128 bytes a slot
 
 # advance's per-row status (out_status)
 NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
@@ -139,7 +127,8 @@ def _watch(watch, watch_ids, s, m, ids, start, stop, position):
 
 @njit(cache=True)
 def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, token_ids,  # per row, and the load's bar
-            tokens, prev, table, meta, keep, overall, plan_ids, watch, watch_ids,  # per slot
+            tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
+            keep, overall, plan_len, plan_size, plan_match, plan_pos, plan_ids, watch, watch_ids,  # per slot: learning
             docs, memory, options, trie, ends, scratch,  # shared
             out_ids, out_len, out_match, out_chance, out_status):  # per row: results
     """One step over every row: learn from the tokens it wrote, index them, draft its chain.
@@ -169,31 +158,31 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
         out_match[r] = 0
         out_chance[r] = 0.0
         out_status[r] = NO_PLAN
-        if meta[s, PLAN_LEN] >= 0:
-            moved = c > 0 and n == meta[s, PLAN_POS] + c
-            if moved and not (meta[s, PLAN_SIZE] > 0 and verified[r] == 0):
+        if plan_len[s] >= 0:
+            moved = c > 0 and n == plan_pos[s] + c
+            if moved and not (plan_size[s] > 0 and verified[r] == 0):
                 # KeepRate.observe(match, chain, checked=verified, written=row[n - c:n], position)
-                length = meta[s, PLAN_LEN]
+                length = plan_len[s]
                 checked = min(verified[r], c, length)
                 agree = 0
                 while agree < checked and plan_ids[s, agree] == row[n - c + agree]:
                     agree += 1
-                m = min(meta[s, PLAN_MATCH], keep.shape[1] - 1)
+                m = min(plan_match[s], keep.shape[1] - 1)
                 _count(keep, overall, s, m, agree, agree < checked)
                 if agree == checked and agree < length:
-                    _watch(watch, watch_ids, s, meta[s, PLAN_MATCH], plan_ids[s], agree, length, meta[s, PLAN_POS] + agree)
+                    _watch(watch, watch_ids, s, plan_match[s], plan_ids[s], agree, length, plan_pos[s] + agree)
                 out_status[r] = LEARNT
-            elif meta[s, PLAN_SIZE] > 0:
+            elif plan_size[s] > 0:
                 out_status[r] = DISCARDED
-            meta[s, PLAN_LEN] = -1
+            plan_len[s] = -1
         if watch[s, 0, 0]:
             _settle(keep, overall, watch, watch_ids, s, row, n)
         tok = tokens[s]
-        if n > meta[s, COPIED]:
-            for pos in range(meta[s, COPIED], n):
+        if n > copied[s]:
+            for pos in range(copied[s], n):
                 tok[pos] = row[pos]
-            meta[s, COPIED] = n
-            meta[s, LAST_TOKEN] = row[n - 1]
+            copied[s] = n
+            last_token[s] = row[n - 1]
     drafted = False
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
@@ -212,23 +201,22 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
                 continue
         drafted = True
         tok, prv, tab = tokens[s], prev[s], table[s]
-        start = meta[s, INDEXED]
+        start = indexed[s]
         if n > start:
             lo = max(start - 1, 0)
             if n - 1 > lo:
-                meta[s, USED] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
-            meta[s, INDEXED] = n
+                used[s] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+            indexed[s] = n
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
         index = (tok, prv, tab, n, min_ngram, max_ngram)
         add_suffix_candidates(index, (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
-                                      meta[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
+                                      prompt_len[s], FIRST_REACH, True), trie, 1, ends, scratch)
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
         if match_len < max_ngram - 1:  # else no store's match can outweigh it
             query = tok[max(0, n - max_ngram) : n]
-            doc = meta[s, DOC]
-            if doc >= 0 and docs[doc][3] > 0:
-                add_longest_match(docs[doc], query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+            if doc[s] >= 0 and docs[doc[s]][3] > 0:
+                add_longest_match(docs[doc[s]], query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
             if has_memory and memory[3] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
@@ -245,25 +233,25 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
 
 
 @njit(cache=True)
-def stale_rows(rows_slot, num_tokens, token_ids, meta, stale):
+def stale_rows(rows_slot, num_tokens, token_ids, copied, last_token, first_token, stale):
     """stale[r]: whether row r's slot (>= 0) holds another request's tokens (more tokens than the
     row, or another first or last copied token: vLLM reused the request id); returns how many."""
     count = 0
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         stale[r] = False
-        if s < 0 or meta[s, COPIED] == 0:
+        if s < 0 or copied[s] == 0:
             continue
-        c = meta[s, COPIED]
-        if c > num_tokens[r] or token_ids[r, c - 1] != meta[s, LAST_TOKEN] or token_ids[r, 0] != meta[s, FIRST_TOKEN]:
+        c = copied[s]
+        if c > num_tokens[r] or token_ids[r, c - 1] != last_token[s] or token_ids[r, 0] != first_token[s]:
             stale[r] = True
             count += 1
     return count
 
 
 @njit(cache=True)
-def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, meta, grams, max_load, growth, room,
-                    new_tokens, new_table):
+def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, token_capacity, used, indexed,
+                    table_capacity, grams, max_load, growth, room, new_tokens, new_table):
     """room[r]: the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
     discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before
     `advance` writes it (0: big enough), which SlotBuffers.reserve allocates. Returns (decode
@@ -281,13 +269,13 @@ def room_and_growth(rows_slot, num_tokens, num_sampled, k, max_model_len, meta, 
         room[r] = min(k, max_model_len - n) if num_sampled[r] > 0 else 0
         new_tokens[r] = 0
         new_table[r] = 0
-        if n > meta[s, TOKEN_CAPACITY]:
-            new_tokens[r] = max(int(meta[s, TOKEN_CAPACITY] * growth), n + 1)
+        if n > token_capacity[s]:
+            new_tokens[r] = max(int(token_capacity[s] * growth), n + 1)
         if room[r] > 0:
             decode += 1
-            need = meta[s, USED] + max(n - meta[s, INDEXED], 0) * grams
-            if need > max_load * meta[s, TABLE_CAPACITY]:
-                capacity = meta[s, TABLE_CAPACITY]
+            need = used[s] + max(n - indexed[s], 0) * grams
+            if need > max_load * table_capacity[s]:
+                capacity = table_capacity[s]
                 while need > max_load * capacity:
                     capacity = int(capacity * growth)
                 new_table[r] = capacity
@@ -321,7 +309,7 @@ def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
 
 
 @njit(cache=True)
-def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, meta, plan_ids):
+def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, plan_len, plan_size, plan_match, plan_pos, plan_ids):
     """Records each drafted row's plan (Request.commit): its chain, the `sizes[r]` tokens of it sent.
     Returns (tokens drafted, tokens sent) over the rows."""
     drafted = 0
@@ -333,7 +321,7 @@ def commit(rows_slot, num_tokens, sizes, out_ids, out_len, out_match, meta, plan
         drafted += length
         sent += sizes[r]
         s = rows_slot[r]
-        meta[s, PLAN_LEN], meta[s, PLAN_SIZE], meta[s, PLAN_MATCH], meta[s, PLAN_POS] = length, sizes[r], out_match[r], num_tokens[r]
+        plan_len[s], plan_size[s], plan_match[s], plan_pos[s] = length, sizes[r], out_match[r], num_tokens[r]
         for j in range(length):
             plan_ids[s, j] = out_ids[r, j]
     return drafted, sent

@@ -90,12 +90,24 @@ class SlotBuffers:
                 array[:old] = getattr(self, name)
             setattr(self, name, array)
 
-        grown("meta", (kernels.META,), np.int64, 0)  # the slot's counters (kernels.COPIED ... TABLE_CAPACITY); set by allocate
+        grown("copied", (), np.int64, 0)  # tokens copied from the row: tokens[s][:copied[s]]
+        grown("indexed", (), np.int64, 0)  # of those, indexed
+        grown("used", (), np.int64, 0)
+        grown("prompt_len", (), np.int64, 0)
+        grown("doc", (), np.int64, -1)
+        grown("last_token", (), np.int64, -1)  # tokens[s][copied[s] - 1], for the reused-id check
+        grown("first_token", (), np.int64, -1)
         grown("keep", (m, 2), np.float64, 0.0)
         grown("overall", (2,), np.float64, 1.0)
+        grown("plan_len", (), np.int64, -1)
+        grown("plan_size", (), np.int64, 0)
+        grown("plan_match", (), np.int64, 0)
+        grown("plan_pos", (), np.int64, 0)
         grown("plan_ids", (k,), np.int32, 0)
         grown("watch", (w, 5), np.int64, 0)
         grown("watch_ids", (w, k), np.int32, 0)
+        grown("token_capacity", (), np.int64, MIN_TOKENS)  # tokens[s].shape[0]
+        grown("table_capacity", (), np.int64, MIN_SLOTS)  # table[s].shape[0]
         for _ in range(old, slots):
             arrays = [np.zeros(MIN_TOKENS, dtype=np.int32), np.zeros(MIN_TOKENS, dtype=np.int32),
                       np.full(MIN_SLOTS, EMPTY, dtype=np.int32)]
@@ -111,15 +123,13 @@ class SlotBuffers:
         if not self._free:
             self._grow_slots(2 * self.capacity)
         s = self._free.pop()
-        meta, arrays = self.meta[s], self._arrays[s]
-        meta[:] = 0
-        meta[kernels.PROMPT_LEN], meta[kernels.DOC], meta[kernels.FIRST_TOKEN] = prompt_len, doc, first_token
-        meta[kernels.LAST_TOKEN], meta[kernels.PLAN_LEN] = -1, -1
-        meta[kernels.TOKEN_CAPACITY], meta[kernels.TABLE_CAPACITY] = arrays[0].shape[0], arrays[2].shape[0]
+        self.copied[s] = self.indexed[s] = self.used[s] = 0
+        self.prompt_len[s], self.doc[s], self.first_token[s], self.last_token[s] = prompt_len, doc, first_token, -1
         self.keep[s] = 0.0
         self.overall[s] = 1.0
+        self.plan_len[s] = -1
         self.watch[s, 0, 0] = 0
-        arrays[2].fill(EMPTY)
+        self._arrays[s][2].fill(EMPTY)
         return s
 
     def free(self, s: int) -> None:
@@ -127,29 +137,28 @@ class SlotBuffers:
 
     def tokens_of(self, s: int) -> np.ndarray:
         """The slot's copied tokens (a view)."""
-        return self._arrays[s][0][: self.meta[s, kernels.COPIED]]
+        return self._arrays[s][0][: self.copied[s]]
 
     def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
         """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):
         the capacities kernels.room_and_growth found the step needs (the growth rule is there)."""
         for r in np.flatnonzero(new_tokens | new_table).tolist():
-            s = int(slots[r])
-            arrays, meta = self._arrays[s], self.meta[s]
+            s, arrays = int(slots[r]), self._arrays[int(slots[r])]
             capacity = int(new_tokens[r])
             if capacity:
-                copied = meta[kernels.COPIED]
+                copied = self.copied[s]
                 for i in (0, 1):
                     grown = np.zeros(capacity, dtype=np.int32)
                     grown[:copied] = arrays[i][:copied]
                     arrays[i] = grown
-                meta[kernels.TOKEN_CAPACITY] = capacity
+                self.token_capacity[s] = capacity
             capacity = int(new_table[r])
             if capacity:
                 table = np.full(capacity, EMPTY, dtype=np.int32)
-                if meta[kernels.USED]:  # a fresh slot's table is empty: nothing to move
-                    meta[kernels.USED] = rehash(arrays[0], arrays[2], table)
+                if self.used[s]:  # a fresh slot's table is empty: nothing to move
+                    self.used[s] = rehash(arrays[0], arrays[2], table)
                 arrays[2] = table
-                meta[kernels.TABLE_CAPACITY] = capacity
+                self.table_capacity[s] = capacity
             kernels.set_slot(self.tokens, self.prev, self.table, s, *arrays)  # (a typed List's own setitem: ~25 us each)
 
 
@@ -346,8 +355,8 @@ class LookupProposer:
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
         decode, grows = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
-                                                s.meta, s.max_ngram - s.min_ngram + 1, _MAX_LOAD, _GROWTH, room, new_tokens,
-                                                new_table)
+                                                s.token_capacity, s.used, s.indexed, s.table_capacity,
+                                                s.max_ngram - s.min_ngram + 1, _MAX_LOAD, _GROWTH, room, new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
@@ -360,7 +369,8 @@ class LookupProposer:
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting = kernels.advance(slots, num_tokens, num_sampled, verified, room, bar, force, token_ids,
-                            s.tokens, s.prev, s.table, s.meta, s.keep, s.overall, s.plan_ids, s.watch, s.watch_ids,
+                            s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
+                            s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
                             self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
                             self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
         self._count_step(num_rows, verified, theirs, num_sampled)
@@ -386,7 +396,7 @@ class LookupProposer:
         self._sent = {}
         if drafting:
             drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, chains, self._out_match,
-                                                  s.meta, s.plan_ids)
+                                                  s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
             if sent_tokens:  # a loop over Python lists, numpy called once per row sent: numpy's per-call cost is what a step saves on
                 ids, slot_of = self._out_ids, slots.tolist()
                 for row, size in enumerate(sizes.tolist()):
@@ -453,7 +463,7 @@ class LookupProposer:
             slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
         s, stale = self.slots, self._stale[: len(keys)]
         unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
-        if kernels.stale_rows(slots, num_tokens, token_ids, s.meta, stale):
+        if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
             for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
@@ -513,10 +523,10 @@ class LookupProposer:
         if not rows:
             return ours, theirs
         slot_of, n_of = slots.tolist(), num_tokens.tolist()
-        meta = self.slots.meta
+        plan_pos = self.slots.plan_pos
         for row in rows:
             sent = sent_of.get(slot_of[row], ())
-            moved = bool(sent) and n_of[row] == int(meta[slot_of[row], kernels.PLAN_POS]) + len(sampled[row])
+            moved = bool(sent) and n_of[row] == int(plan_pos[slot_of[row]]) + len(sampled[row])
             if not by_runner:
                 ours[row] = len(sent) if moved and keys[row] in last_keys else 0
                 continue
@@ -573,7 +583,7 @@ class LookupProposer:
         s = self.requests.pop(key)
         self._retired = True
         self._sent.pop(s, None)
-        if self.memory is not None and self.slots.meta[s, kernels.COPIED]:
+        if self.memory is not None and self.slots.copied[s]:
             self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (MemoryFiling)
         self.slots.free(s)
         self.stats.finished += 1
