@@ -508,8 +508,6 @@ class LookupProposer:
         """
         num_rows = len(keys)
         ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
-        ours[:] = 0
-        theirs[:] = 0
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= num_rows
         sent_of = self._sent
@@ -521,20 +519,25 @@ class LookupProposer:
         else:
             rows = []
         if not rows:
+            ours[:] = 0
+            theirs[:] = 0
             return ours, theirs
-        slot_of, n_of = slots.tolist(), num_tokens.tolist()
-        plan_pos = self.slots.plan_pos
+        # Python lists in the loop, numpy once on each side of it (a numpy scalar read or write is ~0.2 µs, a list's ~0.03)
+        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.slots.plan_pos[slots].tolist()
+        ours_of, theirs_of = [0] * num_rows, [0] * num_rows
         for row in rows:
             sent = sent_of.get(slot_of[row], ())
-            moved = bool(sent) and n_of[row] == int(plan_pos[slot_of[row]]) + len(sampled[row])
+            moved = bool(sent) and n_of[row] == pos_of[row] + len(sampled[row])
             if not by_runner:
-                ours[row] = len(sent) if moved and keys[row] in last_keys else 0
+                ours_of[row] = len(sent) if moved and keys[row] in last_keys else 0
                 continue
             checked = len(spec[row])
             if moved and spec[row] == sent[:checked]:
-                ours[row] = checked
+                ours_of[row] = checked
             elif sampled[row]:
-                theirs[row] = checked
+                theirs_of[row] = checked
+        ours[:] = ours_of
+        theirs[:] = theirs_of
         return ours, theirs
 
     def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
