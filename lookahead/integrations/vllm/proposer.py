@@ -440,7 +440,7 @@ class LookupProposer:
         req_ids = getattr(batch, "req_ids", None)
         keys = list(req_ids[:num_rows]) if req_ids is not None and len(req_ids) >= num_rows else [None]
         if None not in keys:
-            if keys == self._keys_seen and not self._retired and len(self.requests) == num_rows:
+            if keys == self._keys_seen and len(self.requests) == num_rows:
                 return keys, batch.num_prompt_tokens  # the last step's rows, and no request of ours outside them: none finished
             gone = self.requests.keys() - getattr(self.runner, "requests", {}).keys()
             if gone:
