@@ -24,11 +24,21 @@ filing thread's time per step, and the drafted and accepted tokens, for four loa
 - `rule learnt`: the default, the line and the gate learnt from the time between calls (what
   the engine runs); this "forward" takes the same time whatever it verifies, so the line
   learns F/p at its upper bound and drafts go out nearly whole.
+
+With --drafting N, nothing is timed: what each rule drafts and keeps at each row count until N requests
+have joined the first rows, beside vLLM's `suffix` (vllm/v1/spec_decode/suffix_decoding.py's
+calls to arctic-inference's SuffixDecodingCache, vLLM's defaults; left out where arctic_inference
+is not importable), and a modelled speed over not drafting: a step costs --step-cost F,R,T ms (F
+fixed, R per decode row, T per drafted token verified; the default is what docs/vllm.md fitted for
+the serving bench's engine on this CPU). A design aid for drafting and sizing, not a measurement of
+speed: the serving bench decides.
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +56,8 @@ MAX_TOKENS = 128
 def load_traces(folder: Path) -> list[tuple[list, list]]:
     """(prompt, continuation) pairs of every *.dev.jsonl, prompts of at most MAX_PROMPT tokens, the files in turn."""
     per_file = []
+    if not any(folder.glob("*.dev.jsonl")):
+        raise SystemExit(f"no *.dev.jsonl traces in {folder} (see ../shared/README.md; --traces names another folder)")
     for path in sorted(folder.glob("*.dev.jsonl")):
         pairs = []
         for line in path.read_text().splitlines():
@@ -131,6 +143,66 @@ class Runner:
         return time.perf_counter() - start
 
 
+class SuffixProposer:
+    """vLLM 0.32's `suffix` method on this bench's batch: its proposer's calls to arctic-inference's
+    SuffixDecodingCache (vllm/v1/spec_decode/suffix_decoding.py), with vLLM's defaults."""
+
+    def __init__(self, *, max_tree_depth: int = 24, max_spec_factor: float = 1.0, min_token_prob: float = 0.1):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=10_000)
+        self.max_tree_depth, self.max_spec_factor, self.min_token_prob = max_tree_depth, max_spec_factor, min_token_prob
+        self.batch = None  # the runner's Batch: set by the caller (vLLM hands the proposer its input_batch)
+
+    def load_model(self, *args) -> None:
+        pass
+
+    def propose(self, sampled, num_tokens, token_ids) -> list[list[int]]:
+        batch, cache, drafts = self.batch, self.cache, []
+        for req_id in cache.active_requests - set(batch.req_ids):  # (vLLM stops them at the end of its call: the same
+            cache.stop_request(req_id)                              # requests, before the same next speculate)
+        for row, ids in enumerate(sampled):
+            req_id, n = batch.req_ids[row], int(num_tokens[row])
+            if req_id not in cache.active_requests:
+                cache.start_request(req_id, token_ids[row, : batch.num_prompt_tokens[row]])
+            cache.add_active_response(req_id, ids)
+            draft = cache.speculate(req_id, token_ids[row, max(0, n - self.max_tree_depth) : n], max_spec_tokens=K,
+                                    max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob)
+            drafts.append(list(draft.token_ids))
+        return drafts
+
+
+def drafting(traces, rows: int, requests: int, step_cost: tuple) -> None:
+    """Prints, per rule (and vLLM's `suffix`), what it drafted and kept at `rows` rows until `requests` requests had
+    joined the first `rows`, and the modelled speed over not drafting (step_cost: ms fixed, per decode row, per drafted
+    token)."""
+    fixed, per_row, per_token = step_cost
+    makers = {name: (lambda options=options: LookupProposer(config(rows, **options))) for name, options in RULES.items()
+              if name != "rule learnt"}  # (learnt: from this bench's sleep, not a step's cost)
+    makers[f"rule F/p={fixed / per_token:.3g}"] = lambda: LookupProposer(config(rows, fixed_cost_tokens=fixed / per_token))
+    if importlib.util.find_spec("arctic_inference") is not None:
+        makers["vLLM suffix"] = SuffixProposer
+    else:
+        print("vLLM suffix: left out, arctic_inference is not importable", file=sys.stderr)
+    for name, make in makers.items():
+        proposer = make()
+        runner = Runner(proposer, rows, traces)
+        if isinstance(proposer, SuffixProposer):
+            proposer.batch = runner.input_batch
+        steps, cost, drafts = 0, 0.0, 0
+        while runner.next_trace < rows + requests:
+            verified = [len(d) for d in runner.drafts]  # what this step verifies (a row starting a request: none)
+            cost += fixed + per_row * rows + per_token * sum(verified)
+            drafts += sum(map(bool, verified))
+            runner.step(proposer)
+            steps += 1
+        tokens = steps * rows + runner.accepted
+        speed = tokens / cost / (rows / (fixed + per_row * rows))
+        rate = runner.accepted / runner.drafted if runner.drafted else 0.0
+        print(f"| {rows} | {name} | {steps} | {drafts} | {runner.drafted} | {runner.accepted} | {rate:.2f} | "
+              f"{tokens / steps / rows:.3f} | {speed:.3f} |", flush=True)
+
+
 def config(rows: int, **options):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=K),
@@ -150,8 +222,26 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=20)
     parser.add_argument("--forward-ms", type=float, default=2.0)
     parser.add_argument("--forward-mb", type=float, default=0.0, help="MB the forward reads and writes (0: none)")
+    parser.add_argument("--drafting", type=int, metavar="N",
+                        help="time nothing: what each rule drafts and keeps until N requests have joined the first rows")
+    parser.add_argument("--step-cost", default="6.2,0.45,0.58", help="with --drafting: a step's ms fixed, per decode row, per "
+                        "drafted token (docs/vllm.md: the serving bench's engine on a 2-core CPU)")
     args = parser.parse_args()
     traces = load_traces(args.traces)
+    if args.drafting:
+        try:
+            step_cost = tuple(float(x) for x in args.step_cost.split(","))
+        except ValueError:
+            step_cost = ()
+        if len(step_cost) != 3 or min(step_cost) <= 0:
+            parser.error(f"--step-cost takes three positive numbers (ms), got {args.step_cost!r}")
+        print(f"{args.drafting} requests; K={K}; a step costs {step_cost[0]} + {step_cost[1]} x rows + {step_cost[2]} x "
+              "drafted tokens ms (modelled)")
+        print("| rows | rule | steps | drafts | drafted | kept | kept / drafted | tokens / step / row | modelled speed over none |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for rows in [int(r) for r in args.rows.split(",")]:
+            drafting(traces, rows, args.drafting, step_cost)
+        return
     print(f"{len(traces)} traces; K={K}; {args.steps} steps after {args.warm}")
     print("| rows | rule | propose ms/step (median) | mean | us/row (mean) | filing ms/step | drafted/step | accepted/drafted |")
     print("|---|---|---|---|---|---|---|---|")
