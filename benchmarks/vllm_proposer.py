@@ -30,8 +30,9 @@ have joined the first rows, beside vLLM's `suffix` (vllm/v1/spec_decode/suffix_d
 calls to arctic-inference's SuffixDecodingCache, vLLM's defaults; left out where arctic_inference
 is not importable), and a modelled speed over not drafting: a step costs --step-cost F,R,T ms (F
 fixed, R per decode row, T per drafted token verified; the default is what docs/vllm.md fitted for
-the serving bench's engine on this CPU). A design aid for drafting and sizing, not a measurement of
-speed: the serving bench decides.
+the serving bench's engine on this CPU; `rule learnt` learns the line, the gate and its trust from
+those modelled times, each with a lognormal noise of sigma 0.1). A design aid for drafting and sizing,
+not a measurement of speed: the serving bench decides.
 """
 
 import argparse
@@ -172,13 +173,13 @@ class SuffixProposer:
         return drafts
 
 
-def drafting(traces, rows: int, requests: int, step_cost: tuple) -> None:
+def drafting(traces, rows: int, requests: int, step_cost: tuple, spread: float = 0.1) -> None:
     """Prints, per rule (and vLLM's `suffix`), what it drafted and kept at `rows` rows until `requests` requests had
     joined the first `rows`, and the modelled speed over not drafting (step_cost: ms fixed, per decode row, per drafted
-    token)."""
+    token). `rule learnt` learns from the modelled steps' times, each times a lognormal factor of sigma `spread` (an
+    engine's steps are not alike: docs/vllm.md); the speed is the model's, without that noise."""
     fixed, per_row, per_token = step_cost
-    makers = {name: (lambda options=options: LookupProposer(config(rows, **options))) for name, options in RULES.items()
-              if name != "rule learnt"}  # (learnt: from this bench's sleep, not a step's cost)
+    makers = {name: (lambda options=options: LookupProposer(config(rows, **options))) for name, options in RULES.items()}
     makers[f"rule F/p={fixed / per_token:.3g}"] = lambda: LookupProposer(config(rows, fixed_cost_tokens=fixed / per_token))
     if importlib.util.find_spec("arctic_inference") is not None:
         makers["vLLM suffix"] = SuffixProposer
@@ -189,10 +190,16 @@ def drafting(traces, rows: int, requests: int, step_cost: tuple) -> None:
         runner = Runner(proposer, rows, traces)
         if isinstance(proposer, SuffixProposer):
             proposer.batch = runner.input_batch
+        else:  # the learnt rule reads the modelled step costs as its step times (the others read no time)
+            now, noise = [0.0], np.random.default_rng(0)
+            proposer.clock = lambda: now[0]
         steps, cost, drafts = 0, 0.0, 0
         while runner.next_trace < rows + requests:
             verified = [len(d) for d in runner.drafts]  # what this step verifies (a row starting a request: none)
-            cost += fixed + per_row * rows + per_token * sum(verified)
+            step_ms = fixed + per_row * rows + per_token * sum(verified)
+            cost += step_ms
+            if not isinstance(proposer, SuffixProposer):
+                now[0] += step_ms * noise.lognormal(0.0, spread) / 1e3
             drafts += sum(map(bool, verified))
             runner.step(proposer)
             steps += 1
