@@ -504,10 +504,11 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypat
         assert proposer.stats.withheld_steps > 0
 
 
-def greedy_batch_sizes(chances, lengths, fixed_cost_tokens):
+def greedy_batch_sizes(chances, lengths, fixed_cost_tokens, trust=1.0):
     """batch_draft_sizes' rule written plainly: every drafted token, likeliest first (ties: row, then
-    place), taken while its chance clears G / (fixed_cost_tokens + T)."""
-    tokens = sorted(((-min(a, MAX_CHANCE) ** j, r, j) for r, (a, n) in enumerate(zip(chances, lengths)) for j in range(1, n + 1)))
+    place), taken while its chance (times `trust`) clears G / (fixed_cost_tokens + T)."""
+    tokens = sorted(((-trust * min(a, MAX_CHANCE) ** j, r, j) for r, (a, n) in enumerate(zip(chances, lengths))
+                     for j in range(1, n + 1)))
     sizes, expected, verified = [0] * len(chances), float(len(chances)), float(len(chances))
     for gain, r, _ in tokens:
         if -gain <= expected / (fixed_cost_tokens + verified):
@@ -528,6 +529,10 @@ def test_batch_sizes_kernel_equals_a_greedy_reference(seed):
         assert batch_draft_sizes(chances, lengths, cost=LineCost(fixed)) == sizes.tolist()
         a = np.minimum(chances, MAX_CHANCE)
         assert taken == sizes.sum() and kept == pytest.approx(sum(a[r] ** j for r in range(12) for j in range(1, sizes[r] + 1)))
+        for trust in (0.3, 0.7):  # every chance trusted that far: fewer tokens, each expected to keep that share
+            taken, kept = batch_sizes(chances, lengths, 12, fixed, sizes, trust)
+            assert sizes.tolist() == greedy_batch_sizes(chances.tolist(), lengths.tolist(), fixed, trust), (fixed, trust)
+            assert kept == pytest.approx(trust * sum(a[r] ** j for r in range(12) for j in range(1, sizes[r] + 1)))
 
 
 def test_two_proposers_fed_the_same_steps_draft_alike():
@@ -689,6 +694,39 @@ def test_the_gate_is_asked_and_taught_under_the_kept_tokens_each_steps_drafts_pr
     sent = [p for p in promised if p > 0]
     assert len(sent) >= 5 and asked == sent  # asked about every step that drafted, with what its drafts promised
     assert taught == promised[:-1]  # each step measured at the next call, under its own promise
+
+
+@pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])
+def test_the_sizer_trusts_a_load_as_far_as_its_drafts_kept_what_it_expected(fixed_cost_tokens, monkeypatch):
+    """Drafts of which the model keeps one token or none: the learnt rule's trust at one row falls
+    from 1 toward that share of what the sizer expected, and the sizer is handed it every step; told
+    the costs, nothing is learnt and the trust stays 1."""
+    proposer = LookupProposer(fake_config(k=4, fixed_cost_tokens=fixed_cost_tokens))
+    runner = FakeRunner(proposer)
+    now = [0.0]
+    proposer.clock = lambda: now[0]
+    handed = []  # per sizing: the trust the sizer was handed
+    sizes = proposer_module.batch_sizes
+    monkeypatch.setattr(proposer_module, "batch_sizes", lambda *a: handed.append(a[5]) or sizes(*a))
+    period = [7, 8, 9, 10]
+    prompt, output, sampled = period * 4, [7], [[7]]
+    for step in range(60):
+        draft = runner.step(proposer, [("a", prompt, output)], sampled)[0]
+        own = period[(period.index(output[-1]) + 1) % 4] if output[-1] in period else 7  # the model's next token
+        if draft and step % 2:  # every other draft keeps nothing: the model writes a token new to it
+            sampled = [[1000 + step]]
+        elif draft and draft[0] == own:  # the others keep their first token, never the second
+            sampled = [[own, 1000 + step]]
+        else:
+            sampled = [[own]]
+        output = output + sampled[0]
+        now[0] += 0.01
+    assert len(handed) >= 20
+    if fixed_cost_tokens is None:
+        assert handed[0] == 1.0 and handed[-1] < 0.9  # the prior, then what the drafts kept
+        assert all(0.0 < t <= 1.0 for t in handed) and proposer.kept_share.trust(1) == handed[-1]
+    else:
+        assert proposer.kept_share is None and set(handed) == {1.0}
 
 
 @pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])

@@ -87,12 +87,13 @@ def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
 
 
 @njit(cache=True)
-def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
+def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
     """batch_draft_sizes over arrays, for callers that run it every step (the vLLM proposer): writes
     sizes[r] for a step of `rows` rows (each verifying its own token; rows without a chain,
     lengths[r] == 0, need not be passed); returns (drafted tokens taken, of them expected kept).
 
-    Row r's j-th token is kept with chance min(chances[r], MAX_CHANCE) ** j; tokens are taken
+    Row r's j-th token is kept with chance trust * min(chances[r], MAX_CHANCE) ** j (trust: the
+    share of such promises kept, at most 1; 1 is batch_draft_sizes' rule); tokens are taken
     likeliest first (ties: lower row) while each clears G / (fixed_cost_tokens + T). Within a row
     the chances fall with j, so the likeliest token left is some row's next one: each take scans
     the rows with tokens left. Cost: O(R + taken x R') for R rows, R' of them with a chain; no sort.
@@ -117,11 +118,11 @@ def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes):
             if gain[i] > gain[best] or (gain[i] == gain[best] and live[i] < live[best]):
                 best = i
         g = gain[best]
-        if g <= expected / (fixed_cost_tokens + verified):
+        if trust * g <= expected / (fixed_cost_tokens + verified):
             break
         r = live[best]
         sizes[r] += 1
-        expected += g
+        expected += trust * g
         verified += 1.0
         taken += 1
         if sizes[r] == lengths[r]:  # the row's chain is all taken: the last live row takes its place

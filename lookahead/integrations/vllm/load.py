@@ -1,4 +1,5 @@
-"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`.
+"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`; what
+drafted steps yielded against plain ones (`DraftGate`) and what the sizer's promises kept (`KeptShare`).
 
 A step verifying T tokens (one per decode row plus the drafted ones) costs F + p*T, and a step
 that verifies any drafted token costs D more (vLLM's speculative path: the rejection sampler,
@@ -104,6 +105,44 @@ def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: fl
     expected to keep `expected` of them, under h = fixed_cost_tokens and d = draft_cost_tokens."""
     h, d = fixed_cost_tokens, draft_cost_tokens
     return tokens > 0 and (rows + expected) * (h + rows) > rows * (h + d + rows + tokens)
+
+
+class KeptShare:
+    """Per load (decode rows in powers of two, as `DraftGate`), the share of the sizer's expected kept tokens that
+    the drafts it sent kept: the sizer's trust in its chances there (`trust`, at most 1).
+
+    A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
+    j-th power: the promise of a step's likeliest tokens holds least (the sent drafts kept 0.70-0.81
+    of it in docs/vllm.md's replay), so drafts that only just clear the load's bar lose. The sizer
+    multiplies every chance by the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts
+    against is divided by it, and what it expects is what the share then learns from: at a steady
+    load the trust settles where its square is the share of the unscaled promise that was kept
+    (a correction by about half). Faded sums over about a hundred drafted steps of the load, from a
+    prior of PRIOR_TOKENS promised and kept (trust 1).
+
+    Example:
+        >>> share = KeptShare()
+        >>> for _ in range(300):
+        ...     share.observe(16, 8.0 * share.trust(16), 4.0)  # 8 promised unscaled, 4 kept: the trust settles near 0.5 ** 0.5
+        >>> round(share.trust(16), 2), share.trust(1)
+        (0.71, 1.0)
+    """
+
+    PRIOR_TOKENS = 4.0
+
+    def __init__(self, *, fade: float = 0.99):
+        self.fade = fade
+        self._sums: dict = {}  # load -> [faded expected, faded kept]
+
+    def trust(self, rows: int) -> float:
+        expected, kept = self._sums.get(DraftGate.load_of(rows), (self.PRIOR_TOKENS, self.PRIOR_TOKENS))
+        return min(1.0, kept / expected)
+
+    def observe(self, rows: int, expected: float, kept: int) -> None:
+        """A step of `rows` decode rows verified drafts the sizer expected to keep `expected` tokens of; `kept` were."""
+        load, f = DraftGate.load_of(rows), self.fade
+        old = self._sums.get(load, (self.PRIOR_TOKENS, self.PRIOR_TOKENS))
+        self._sums[load] = (f * old[0] + expected, f * old[1] + kept)
 
 
 class DraftGate:

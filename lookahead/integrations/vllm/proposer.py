@@ -24,8 +24,9 @@ requests), so state is keyed by request, never by row:
   request is added to it) and an optional DocumentLibrary.
 - load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
   with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
-  part, and what verifying any draft adds to it); drafts that would not raise tokens per second
-  are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
+  part, and what verifying any draft adds to it) and each chance trusted as far as the load's
+  sent drafts kept what the sizer expected (load.KeptShare); drafts that would not raise tokens per
+  second are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
   drafted at all: the step costs a copy of its new tokens.
 
 vLLM is not imported here: it builds this class and hands it plain arrays.
@@ -47,7 +48,7 @@ from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
-from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, KeptShare, worth_sending
 from lookahead.sizing.cost import LineCost
 from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
@@ -230,6 +231,8 @@ class LookupProposer:
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
         self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load and promise
+        self.kept_share = KeptShare() if fixed is None else None  # what the sizer's promises kept, per load: its trust in them
+        self._sent_promise = (0, 0.0)  # (decode rows, expected kept tokens) of the drafts the last step sent
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
@@ -361,7 +364,8 @@ class LookupProposer:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
         h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
-        bar = decode / (h + d + decode) if self.options["cost_aware"] and decode else -1.0
+        trust = self.kept_share.trust(decode) if self.kept_share is not None and decode else 1.0
+        bar = decode / (h + d + decode) / trust if self.options["cost_aware"] and decode else -1.0
         force = self.stats.steps % LEARN_EVERY == 0
         memory = self.memory
         if self._filing is not None:
@@ -373,14 +377,17 @@ class LookupProposer:
                             s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
                             self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
                             self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
+        accepted = self.stats.accepted_tokens
         self._count_step(num_rows, verified, theirs, num_sampled)
+        if self.kept_share is not None and self._sent_promise[1] > 0.0:
+            self.kept_share.observe(*self._sent_promise, self.stats.accepted_tokens - accepted)
         self.stats.skipped_steps += decode > 0 and not drafting
 
         chains, sizes = self._out_len[:num_rows], self._sizes[:num_rows]  # (row,) each chain's length, its tokens sent
         sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = batch_sizes(self._out_chance[:num_rows], chains, decode, h + d, sizes)
+            taken, expected = batch_sizes(self._out_chance[:num_rows], chains, decode, h + d, sizes, trust)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if (plain or not worth_sending(decode, expected, taken, h, d)
@@ -413,6 +420,7 @@ class LookupProposer:
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
         self._last_keys = keys
+        self._sent_promise = (decode, promised)
         return out
 
     # -- the load rule -------------------------------------------------------------------------
