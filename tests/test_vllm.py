@@ -29,7 +29,7 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
-from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, worth_sending
+from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
@@ -724,7 +724,7 @@ def test_the_sizer_trusts_a_load_as_far_as_its_drafts_kept_what_it_expected(fixe
     assert len(handed) >= 20
     if fixed_cost_tokens is None:
         assert handed[0] == 1.0 and handed[-1] < 0.9  # the prior, then what the drafts kept
-        assert all(0.0 < t <= 1.0 for t in handed) and proposer.kept_share.trust(1) == handed[-1]
+        assert all(KeptShare.MIN_TRUST <= t <= 1.0 for t in handed) and proposer.kept_share.trust(1) == handed[-1]
     else:
         assert proposer.kept_share is None and set(handed) == {1.0}
 

@@ -118,7 +118,8 @@ class KeptShare:
     against is divided by it, and what it expects is what the share then learns from: at a steady
     load the trust settles where its square is the share of the unscaled promise that was kept
     (a correction by about half). Faded sums over about a hundred drafted steps of the load, from a
-    prior of PRIOR_TOKENS promised and kept (trust 1).
+    prior of PRIOR_TOKENS promised and kept (trust 1). The trust is at least MIN_TRUST: only sent
+    drafts teach it, so a load whose first drafts kept nothing would otherwise send none again.
 
     Example:
         >>> share = KeptShare()
@@ -129,6 +130,7 @@ class KeptShare:
     """
 
     PRIOR_TOKENS = 4.0
+    MIN_TRUST = 0.25  # binds at a steady load only where the sent drafts keep under 1/16 of their plain promise
 
     def __init__(self, *, fade: float = 0.99):
         self.fade = fade
@@ -136,7 +138,7 @@ class KeptShare:
 
     def trust(self, rows: int) -> float:
         expected, kept = self._sums.get(DraftGate.load_of(rows), (self.PRIOR_TOKENS, self.PRIOR_TOKENS))
-        return min(1.0, kept / expected)
+        return min(1.0, max(self.MIN_TRUST, kept / expected))
 
     def observe(self, rows: int, expected: float, kept: int) -> None:
         """A step of `rows` decode rows verified drafts the sizer expected to keep `expected` tokens of; `kept` were."""
