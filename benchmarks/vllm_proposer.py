@@ -188,17 +188,18 @@ def drafting(traces, rows: int, requests: int, step_cost: tuple, spread: float =
     for name, make in makers.items():
         proposer = make()
         runner = Runner(proposer, rows, traces)
-        if isinstance(proposer, SuffixProposer):
-            proposer.batch = runner.input_batch
-        else:  # the learnt rule reads the modelled step costs as its step times (the others read no time)
+        ours = not isinstance(proposer, SuffixProposer)
+        if ours:  # the learnt rule reads the modelled step costs as its step times (the others read no time)
             now, noise = [0.0], np.random.default_rng(0)
             proposer.clock = lambda: now[0]
+        else:
+            proposer.batch = runner.input_batch
         steps, cost, drafts = 0, 0.0, 0
         while runner.next_trace < rows + requests:
             verified = [len(d) for d in runner.drafts]  # what this step verifies (a row starting a request: none)
             step_ms = fixed + per_row * rows + per_token * sum(verified)
             cost += step_ms
-            if not isinstance(proposer, SuffixProposer):
+            if ours:
                 now[0] += step_ms * noise.lognormal(0.0, spread) / 1e3
             drafts += sum(map(bool, verified))
             runner.step(proposer)

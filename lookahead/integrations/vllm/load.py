@@ -130,20 +130,21 @@ class KeptShare:
     """
 
     PRIOR_TOKENS = 4.0
+    PRIOR = (PRIOR_TOKENS, PRIOR_TOKENS)  # (expected, kept) before a load's first drafted step
     MIN_TRUST = 0.25  # binds at a steady load only where the sent drafts keep under 1/16 of their plain promise
 
     def __init__(self, *, fade: float = 0.99):
         self.fade = fade
-        self._sums: dict = {}  # load -> [faded expected, faded kept]
+        self._sums: dict = {}  # load -> (faded expected, faded kept)
 
     def trust(self, rows: int) -> float:
-        expected, kept = self._sums.get(DraftGate.load_of(rows), (self.PRIOR_TOKENS, self.PRIOR_TOKENS))
+        expected, kept = self._sums.get(DraftGate.load_of(rows), self.PRIOR)
         return min(1.0, max(self.MIN_TRUST, kept / expected))
 
     def observe(self, rows: int, expected: float, kept: int) -> None:
         """A step of `rows` decode rows verified drafts the sizer expected to keep `expected` tokens of; `kept` were."""
         load, f = DraftGate.load_of(rows), self.fade
-        old = self._sums.get(load, (self.PRIOR_TOKENS, self.PRIOR_TOKENS))
+        old = self._sums.get(load, self.PRIOR)
         self._sums[load] = (f * old[0] + expected, f * old[1] + kept)
 
 

@@ -231,7 +231,8 @@ class LookupProposer:
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
         self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load and promise
-        self.kept_share = KeptShare() if fixed is None else None  # what the sizer's promises kept, per load: its trust in them
+        # what the sizer's promises kept, per load: its trust in them (none where nothing is sized or measured)
+        self.kept_share = KeptShare() if fixed is None and options["cost_aware"] else None
         self._sent_promise = (0, 0.0)  # (decode rows, expected kept tokens) of the drafts the last step sent
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
