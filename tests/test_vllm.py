@@ -1176,3 +1176,40 @@ def test_trace_forced_target_writes_the_recorded_continuation(trace_forced, meth
     assert row["steps"] > 0 and row["steady_tokens_per_s"] > 0, row  # 3 requests at concurrency 2: the third added after a step
     # drafts were verified against the forced logits, some of their tokens kept and some refused
     assert 0 < row["accepted_tokens"] < row["draft_tokens"], row
+
+
+def test_bench_cells_take_turns_and_pair_their_ratios(trace_forced, tmp_path, monkeypatch, capsys):
+    """--cells: each level's requests split into consecutive cells, every engine serving each cell, the order rotated by
+    one from cell to cell; the summary's ratios are taken per cell, over the same requests of the same round."""
+    bench = trace_forced[0]
+    served = []
+
+    class Engine:  # the bench's Engine without vLLM: records what it serves
+        def __init__(self, method, model, **kwargs):
+            self.method = method
+
+        def serve_level(self, c, traces):
+            served.append((self.method, c, [len(prompt) for prompt, _ in traces]))
+            return dict(method=self.method, concurrency=c, tokens=len(traces))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bench, "Engine", Engine)
+    traces = [([0] * n, [1]) for n in range(1, 7)]  # six requests, told apart by their prompts' lengths
+    rows = bench.run_round(["a", "b", "c"], "model", {2: traces[:4], 4: traces[4:]}, k=K, max_model_len=64,
+                           folder=tmp_path, cells=2)
+    assert [(m, c, lens) for m, c, lens in served] == [
+        ("a", 2, [1, 2]), ("b", 2, [1, 2]), ("c", 2, [1, 2]),
+        ("b", 2, [3, 4]), ("c", 2, [3, 4]), ("a", 2, [3, 4]),
+        ("c", 4, [5]), ("a", 4, [5]), ("b", 4, [5]),
+        ("a", 4, [6]), ("b", 4, [6]), ("c", 4, [6])]
+    assert [row["cell"] for row in rows] == [0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]
+
+    speeds = {("none", 0): 100.0, ("ngram-never", 0): 80.0, ("ours", 0): 88.0,
+              ("none", 1): 50.0, ("ngram-never", 1): 50.0, ("ours", 1): 60.0}
+    summary = [dict(round=0, cell=cell, concurrency=4, method=m, tokens_per_s=v) for (m, cell), v in speeds.items()]
+    bench.print_summary(summary, ["none", "ngram-never", "ours"])
+    line = next(line for line in capsys.readouterr().out.splitlines() if "| ours |" in line)
+    # over ngram-never per cell: 1.10 and 1.20, mean 1.150 ± 0.050; over none: 0.88 and 1.20, mean 1.040 ± 0.160
+    assert line == "| 4 | ours | 0.88 / 1.20 | 1.040 ± 0.160 | 1.04x | 1.10 / 1.20 | 1.150 ± 0.050 | 1.15x |", line
