@@ -72,8 +72,9 @@ With --rounds R, the methods run R times on fresh engines, each round's order ro
 host that drifts favours no method), and every ratio is taken within a round. With --cells N, each
 level's requests are split into N consecutive cells, each served by every engine in turn, the order
 rotated by one from cell to cell, so that two methods' runs of the same requests lie seconds apart:
-the finer pairing tells apart methods within a few percent, where a whole level per round does not
-(a cell of few requests at a low concurrency is short: its own noise is larger, its pairing tighter).
+the finer pairing sees differences of a few percent that a whole level per round hides, but cells
+served by the same engines share those engines' own speed (two engines of one build differed by up
+to 3%: docs/vllm.md), which their standard error does not hold: combine with --rounds.
 The summary gives each method's speed against `none` and against `ngram-never` on the same requests of
 the same round, per cell, their mean ± standard error and their median.
 """
