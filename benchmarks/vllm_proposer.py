@@ -21,7 +21,7 @@ filing thread's time per step, and the drafted and accepted tokens, for four loa
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
 - `rule F/p=2`: the load rule at this CPU's measured cost (docs/vllm.md: 1 to 7), where at
   many rows no drafted token pays and the proposer drafts nothing;
-- `rule learnt`: the default, the line and the gate learnt from the time between calls (what
+- `rule learnt`: the default, the line and the trust learnt from the time between calls and the drafts (what
   the engine runs); this "forward" takes the same time whatever it verifies, so the line
   learns F/p at its upper bound and drafts go out nearly whole.
 
@@ -30,7 +30,7 @@ have joined the first rows, beside vLLM's `suffix` (vllm/v1/spec_decode/suffix_d
 calls to arctic-inference's SuffixDecodingCache, vLLM's defaults; left out where arctic_inference
 is not importable), and a modelled speed over not drafting: a step costs --step-cost F,R,T ms (F
 fixed, R per decode row, T per drafted token verified; the default is what docs/vllm.md fitted for
-the serving bench's engine on this CPU; `rule learnt` learns the line, the gate and its trust from
+the serving bench's engine on this CPU; `rule learnt` learns the line and its trust from
 those modelled times, each with a lognormal noise of sigma 0.1). A design aid for drafting and sizing,
 not a measurement of speed: the serving bench decides.
 """

@@ -29,7 +29,7 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.integrations.vllm import kernels
-from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, KeptShare, worth_sending
+from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
@@ -649,53 +649,6 @@ def test_the_step_cost_fit_is_the_faded_penalised_least_squares_line():
     assert 5 < fit.fixed_cost_tokens < 9 and 2 < fit.draft_cost_tokens < 5  # near the truth (F/p 6.7, D/p 3.3) after 300 steps
 
 
-@pytest.mark.parametrize(("gain", "noise", "low", "high"), [
-    (-0.3, 0.15, 0.0, 0.3),  # drafts lose 30% under steps 15% apart: mostly withheld
-    (-0.05, 0.02, 0.0, 0.2),  # a 5% loss where steps hardly vary (many rows, each step their mean): nearly never sent
-    (0.0, 0.15, 0.7, 1.0),  # drafts that cannot be told from plain steps: sent (the line's call)
-    (0.1, 0.6, 0.7, 1.0),  # a real gain that one row's kept tokens hide: sent
-    (0.5, 0.15, 0.8, 1.0),  # drafts that gain half: nearly always sent
-])
-def test_the_gate_withholds_drafts_only_where_their_steps_lose_to_plain_ones_beyond_the_noise(gain, noise, low, high):
-    shares = []
-    for seed in range(10):
-        rng, gate, sent = random.Random(seed), DraftGate(), 0
-        for _ in range(200):
-            drafted = gate.allows(16, 8.0)
-            sent += drafted
-            gate.observe(16, 8.0 if drafted else 0.0, 500.0 * (1 + gain * drafted) * (1 + noise * rng.gauss(0.0, 1.0)))
-        shares.append(sent / 200)
-    assert low <= sum(shares) / len(shares) <= high, shares
-
-
-def test_the_gate_is_asked_and_taught_under_the_kept_tokens_each_steps_drafts_promised(monkeypatch):
-    proposer = LookupProposer(fake_config(k=4))
-    runner = FakeRunner(proposer)
-    now = [0.0]
-    proposer.clock = lambda: now[0]
-    expected = []  # per step: the sizer's expected kept tokens of what it took (0: nothing taken)
-    sizes = proposer_module.batch_sizes
-    monkeypatch.setattr(proposer_module, "batch_sizes", lambda *a: (lambda out: expected.__setitem__(-1, out[1]) or out)(sizes(*a)))
-    asked, taught = [], []
-    proposer.gate = SimpleNamespace(allows=lambda rows, promise: asked.append(promise) or True,
-                                    observe=lambda rows, promise, rate: taught.append(promise))
-    period = lambda i: 7 + i % 4  # noqa: E731  the model writes 7, 8, 9, 10, 7, ...
-    prompt, output, sampled, promised = [period(i) for i in range(16)], [7], [[7]], []
-    for _ in range(10):
-        expected.append(0.0)
-        draft = runner.step(proposer, [("a", prompt, output)], sampled)[0]
-        promised.append(expected[-1] if draft else 0.0)
-        kept = 0
-        while kept < len(draft) and draft[kept] == period(len(output) + kept):
-            kept += 1
-        sampled = [[period(len(output) + j) for j in range(kept + 1)]]
-        output = output + sampled[0]
-        now[0] += 0.01
-    sent = [p for p in promised if p > 0]
-    assert len(sent) >= 5 and asked == sent  # asked about every step that drafted, with what its drafts promised
-    assert taught == promised[:-1]  # each step measured at the next call, under its own promise
-
-
 @pytest.mark.parametrize("fixed_cost_tokens", [None, 30.0])
 def test_the_sizer_trusts_a_load_as_far_as_its_drafts_kept_what_it_expected(fixed_cost_tokens, monkeypatch):
     """Drafts of which the model keeps one token or none: the learnt rule's trust at one row falls
@@ -1071,8 +1024,8 @@ def ours(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def measured(model_dir, tmp_path_factory):
-    """Our proposer with the default load rule (the step's cost and the gate learnt from the engine's step
-    times) on the batch: its outputs, vLLM's counters and ours."""
+    """Our proposer with the default load rule (the step's cost and the trust learnt from the engine's step
+    times and drafts) on the batch: its outputs, vLLM's counters and ours."""
     stats_path = tmp_path_factory.mktemp("stats") / "stats.json"
     llm = make_llm(model_dir, speculative=True, stats_path=str(stats_path))
     try:

@@ -1,5 +1,5 @@
-"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`; what
-drafted steps yielded against plain ones (`DraftGate`) and what the sizer's promises kept (`KeptShare`).
+"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`; and what the
+sizer's promises kept, per load (`KeptShare`).
 
 A step verifying T tokens (one per decode row plus the drafted ones) costs F + p*T, and a step
 that verifies any drafted token costs D more (vLLM's speculative path: the rejection sampler,
@@ -20,8 +20,6 @@ stops, its steps fade and the prior wins again after a few hundred steps: drafti
 briefly, and is measured again. D is told from F only by steps without drafts: where none come
 on their own, one in about ten steps is sent without (`wants_plain_step`).
 """
-
-import bisect
 
 import numpy as np
 
@@ -107,8 +105,13 @@ def worth_sending(rows: int, expected: float, tokens: int, fixed_cost_tokens: fl
     return tokens > 0 and (rows + expected) * (h + rows) > rows * (h + d + rows + tokens)
 
 
+def load_of(rows: int) -> int:
+    """A step's load class: its decode rows in powers of two (1, 2-3, 4-7, 8-15, ...)."""
+    return max(int(rows), 1).bit_length()
+
+
 class KeptShare:
-    """Per load (decode rows in powers of two, as `DraftGate`), the share of the sizer's expected kept tokens that
+    """Per load (decode rows in powers of two: `load_of`), the share of the sizer's expected kept tokens that
     the drafts it sent kept: the sizer's trust in its chances there (`trust`, at most 1).
 
     A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
@@ -138,98 +141,11 @@ class KeptShare:
         self._sums: dict = {}  # load -> (faded expected, faded kept)
 
     def trust(self, rows: int) -> float:
-        expected, kept = self._sums.get(DraftGate.load_of(rows), self.PRIOR)
+        expected, kept = self._sums.get(load_of(rows), self.PRIOR)
         return min(1.0, max(self.MIN_TRUST, kept / expected))
 
     def observe(self, rows: int, expected: float, kept: int) -> None:
         """A step of `rows` decode rows verified drafts the sizer expected to keep `expected` tokens of; `kept` were."""
-        load, f = DraftGate.load_of(rows), self.fade
+        load, f = load_of(rows), self.fade
         old = self._sums.get(load, self.PRIOR)
         self._sums[load] = (f * old[0] + expected, f * old[1] + kept)
-
-
-class DraftGate:
-    """Whether to send drafts at a load, from the engine's measured throughput: tokens per second of
-    the steps that verified drafts against those that did not, per batch size (rows in powers of two)
-    and, for drafted steps, per class of the drafts' expected kept tokens per decode row
-    (`EXPECTED_EDGES`): a step's fixed cost of verifying any draft is paid whatever the drafts hold,
-    so drafts that promise little can lose where drafts that promise much win.
-
-    The cost line above is a model; this is what the steps showed. A (load, class)'s drafted steps
-    are tried first (`EXPLORE` of them), then the load's plain ones; after that the line's drafts of
-    that class go out unless its drafted steps have yielded fewer tokens per second than plain ones
-    there by at least `MARGIN` standard errors of the difference, and one decision in `RETRY` takes
-    the arm not taken, so that a balance that moves is measured again. Each arm's rate and its
-    spread are faded means (`fade` per step of that arm).
-
-    The burden of proof lies on withholding: steps vary (a drafted row writes 1 to k + 1 tokens,
-    and the host has noise of its own), so at one row a real gain of drafting hides in the spread
-    of what a row keeps, while at many rows, where each step averages over its rows, a loss shows
-    (docs/vllm.md, "The gate's burden of proof").
-
-    Example:
-        >>> gate = DraftGate()
-        >>> for _ in range(8):
-        ...     gate.observe(64, 8.0, 600.0)   # at 64 rows, drafted steps: 600 tokens/s
-        ...     gate.observe(64, 0.0, 800.0)   # plain ones: 800
-        ...     gate.observe(1, 0.1, 70.0)     # one row: drafts expected to keep 0.1 token lose,
-        ...     gate.observe(1, 2.0, 120.0)    # drafts expected to keep 2 win
-        ...     gate.observe(1, 0.0, 80.0)
-        >>> gate.allows(64, 8.0), gate.allows(1, 0.1), gate.allows(1, 2.0)
-        (False, False, True)
-    """
-
-    EXPLORE = 3  # steps of each arm measured at a (load, class) before the rates decide
-    RETRY = 16  # one decision in RETRY at a (load, class) takes the other arm
-    EXPECTED_EDGES = (0.25, 0.5, 1.0)  # drafted steps' classes: expected kept tokens per decode row below each edge, or above all
-    MARGIN = 2.0  # standard errors by which drafted steps must lose to plain ones to be withheld
-
-    def __init__(self, *, fade: float = 0.95):
-        self.fade = fade
-        self._rate: dict = {}  # (load, class) -> faded tokens per second; class -1: plain steps
-        self._square: dict = {}  # (load, class) -> faded squared tokens per second
-        self._count: dict = {}  # (load, class) -> steps measured
-        self._decisions: dict = {}  # (load, class) -> decisions made
-
-    @staticmethod
-    def load_of(rows: int) -> int:
-        return max(int(rows), 1).bit_length()  # 1, 2-3, 4-7, 8-15, ...
-
-    @classmethod
-    def class_of(cls, rows: int, expected: float) -> int:
-        """-1 for a plain step (nothing expected: no draft sent), else the drafts' class 0..len(EXPECTED_EDGES)."""
-        if expected <= 0.0:
-            return -1
-        return bisect.bisect_right(cls.EXPECTED_EDGES, expected / max(int(rows), 1))  # the edges at or below it
-
-    def observe(self, rows: int, expected: float, tokens_per_s: float) -> None:
-        """A measured step of `rows` decode rows whose drafts were expected to keep `expected` tokens (0: none sent)."""
-        key = (self.load_of(rows), self.class_of(rows, expected))
-        old = self._rate.get(key)
-        if old is None:
-            self._rate[key], self._square[key] = tokens_per_s, tokens_per_s**2
-        else:
-            self._rate[key] = self.fade * old + (1 - self.fade) * tokens_per_s
-            self._square[key] = self.fade * self._square[key] + (1 - self.fade) * tokens_per_s**2
-        self._count[key] = self._count.get(key, 0) + 1
-
-    def allows(self, rows: int, expected: float) -> bool:
-        """Whether drafts expected to keep `expected` tokens may be sent to a step of `rows` decode rows."""
-        load, kind = self.load_of(rows), self.class_of(rows, expected)
-        drafted, plain = self._count.get((load, kind), 0), self._count.get((load, -1), 0)
-        if drafted < self.EXPLORE:
-            return True
-        if plain < self.EXPLORE:
-            return False
-        decision = self._decisions[(load, kind)] = self._decisions.get((load, kind), 0) + 1
-        worse = self._rate[(load, kind)] + self.MARGIN * self._error(load, kind) < self._rate[(load, -1)]
-        return worse == (decision % self.RETRY == 0)
-
-    def _error(self, load: int, kind: int) -> float:
-        """The standard error of (drafted rate - plain rate) at `load` for drafts of class `kind`."""
-        variance = 0.0
-        for key in ((load, kind), (load, -1)):
-            spread = max(self._square[key] - self._rate[key] ** 2, 0.0)
-            steps = (1.0 - self.fade ** self._count[key]) / (1.0 - self.fade)  # a faded mean's steps: at most 1 / (1 - fade)
-            variance += spread / steps
-        return variance**0.5

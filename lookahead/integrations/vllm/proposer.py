@@ -48,7 +48,7 @@ from lookahead.integrations.vllm import kernels
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
-from lookahead.integrations.vllm.load import DraftGate, DraftStepCost, KeptShare, worth_sending
+from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.sizing.cost import LineCost
 from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
@@ -230,7 +230,6 @@ class LookupProposer:
         fixed = options["fixed_cost_tokens"]
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
-        self.gate = DraftGate() if fixed is None else None  # drafted steps' measured throughput against plain ones, per load and promise
         # what the sizer's promises kept, per load: its trust in them (none where nothing is sized or measured)
         self.kept_share = KeptShare() if fixed is None and options["cost_aware"] else None
         self._sent_promise = (0, 0.0)  # (decode rows, expected kept tokens) of the drafts the last step sent
@@ -258,7 +257,7 @@ class LookupProposer:
         self._retired = False  # whether a request was retired since _slots_seen
         self._row_keys: list = []  # content mode: key of each row at the last step
         self._next_key = 0
-        self._last_step = None  # (decode row keys, tokens verified, drafted?, kept tokens its drafts promised, time returned) of the last step
+        self._last_step = None  # (decode row keys, tokens verified, drafted?, time returned) of the last step
         self._last_keys: list = []  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
@@ -391,15 +390,13 @@ class LookupProposer:
             taken, expected = batch_sizes(self._out_chance[:num_rows], chains, decode, h + d, sizes, trust)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
-                if (plain or not worth_sending(decode, expected, taken, h, d)
-                        or (self.gate is not None and not self.gate.allows(decode, expected))):
+                if plain or not worth_sending(decode, expected, taken, h, d):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
                 else:
                     promised = expected
         elif drafting:
             sizes[:] = chains
-            promised = float(chains.sum())  # unsized: the gate is not asked; its classes see the whole chains
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
@@ -419,7 +416,7 @@ class LookupProposer:
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
-        self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, promised, self.clock())
+        self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
         self._last_keys = keys
         self._sent_promise = (decode, promised)
         return out
@@ -435,11 +432,10 @@ class LookupProposer:
         last, self._last_step = self._last_step, None
         if not isinstance(self.cost, DraftStepCost) or last is None or joined:
             return
-        decode_keys, tokens, drafted, promised, returned = last
+        decode_keys, tokens, drafted, returned = last
         if 0 in lengths or keys != decode_keys or now <= returned:
             return
         self.cost.observe(tokens, drafted, now - returned)
-        self.gate.observe(len(keys), promised if drafted else 0.0, sum(lengths) / (now - returned))  # the tokens it wrote
 
     # -- rows -> requests ----------------------------------------------------------------------
 
