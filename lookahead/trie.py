@@ -355,6 +355,25 @@ def heaviest_path(trie, max_len, first_class, out_nodes):
     return length
 
 
+@njit(cache=True)
+def path_shares(trie, nodes, length, out):
+    """out[i]: the share of the trie's weight that the root path nodes[:length] keeps at its branches down to
+    nodes[i]: the product, over j <= i, of node j's weight over the summed weight of its parent's children
+    (1.0 where the path never branches), the candidates' own estimate that the path's first i + 1 tokens follow.
+    Cost: O(length x siblings)."""
+    _, parent, weight, child, sibling, _, _ = trie
+    share = 1.0
+    for i in range(length):
+        node = nodes[i]
+        total = 0.0
+        c = child[parent[node]]
+        while c != EMPTY:
+            total += weight[c]
+            c = sibling[c]
+        share *= weight[node] / total if total > 0.0 else 1.0
+        out[i] = share
+
+
 class DraftTrie:
     """A trie of weighted candidate continuations, rebuilt for every draft.
 
@@ -486,6 +505,13 @@ class DraftTrie:
         out = np.empty(max(max_len, 0), dtype=np.int64)
         return out[: heaviest_path(self._arrays, max_len, first_class, out)]
 
+    def path_shares(self, nodes: np.ndarray) -> np.ndarray:
+        """Per node of a root path (path_nodes), the share of the trie's weight that the path up to it keeps at its
+        branches, multiplied down the path (float64; see the kernel of that name)."""
+        out = np.empty(nodes.shape[0], dtype=np.float64)
+        path_shares(self._arrays, nodes, nodes.shape[0], out)
+        return out
+
     def add_predictions(self, ids: np.ndarray, root_token: int, chances: np.ndarray, *, budget: int, max_depth: int,
                         scale: float) -> None:
         """Adds the `budget` likeliest paths of a prediction table (PredictionTable.ids) from `root_token`, each
@@ -539,6 +565,7 @@ def warm_up() -> int:
     trie.add_longest_match(buffers, buffers.tokens[:3], 2, match_base=2.0, stop_token=9)
     trie.add_longest_match(buffers, np.array([4, 5]), 2, match_base=2.0)
     trie.path(2)
+    trie.path_shares(trie.path_nodes(2))
     table = np.array([[1, 2], [2, -1], [0, 1]], dtype=np.int32)  # a prediction table's ids
     trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=2.0)
     return trie.tree(4)[0].shape[0]

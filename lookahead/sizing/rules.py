@@ -57,10 +57,11 @@ def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> 
 # rises toward the yield per verified token, G / T, and drafts shrink, then stop.
 
 
-def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
+def batch_draft_sizes(keep_chances, lengths, *, cost, shares=None) -> list[int]:
     """How many drafted tokens of each row a batched step verifies, for the most tokens per second.
 
-    Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j.
+    Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j,
+    times shares[i][j - 1] where given (the branch shares its chain kept: trie.path_shares).
     Tokens are taken likeliest first while each clears the bar g > G / (fixed_cost_tokens + T),
     G the step's expected tokens and T the tokens it verifies so far (each row's own one
     included), which maximises G / (F + p*T). Within a row the chances fall with j, so each
@@ -70,6 +71,7 @@ def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
         keep_chances: per row, the chance a drafted token is kept (KeepRate.keep_chance).
         lengths: per row, the drafted tokens available (0: none).
         cost: the step's cost (sizing.cost); only its fixed part in verified tokens, F / p, is read.
+        shares: per row, at least lengths[i] shares in [0, 1], not rising with j (None: all 1).
     Returns:
         per row, the number of its drafted tokens to verify.
 
@@ -79,35 +81,44 @@ def batch_draft_sizes(keep_chances, lengths, *, cost) -> list[int]:
         [4, 3]
         >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1.0))  # every token costs: only the likely ones
         [2, 0]
+        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1.0), shares=[[1.0, 0.5, 0.5, 0.5], [1.0] * 4])
+        [1, 0]
     """
     chances, lengths = _rows(keep_chances, lengths)
+    width = max(int(lengths.max(initial=0)), 1)
+    branch = np.ones((chances.shape[0], width), dtype=np.float64)
+    if shares is not None:
+        for i, row in enumerate(shares):
+            branch[i, : lengths[i]] = np.asarray(row, dtype=np.float64)[: lengths[i]]
     sizes = np.zeros(chances.shape[0], dtype=np.int64)
-    batch_sizes(chances, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
+    batch_sizes(chances, branch, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
     return sizes.tolist()
 
 
 @njit(cache=True)
-def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
+def batch_sizes(chances, shares, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
     """batch_draft_sizes over arrays, for callers that run it every step (the vLLM proposer): writes
     sizes[r] for a step of `rows` rows (each verifying its own token; rows without a chain,
     lengths[r] == 0, need not be passed); returns (drafted tokens taken, of them expected kept).
 
-    Row r's j-th token is kept with chance trust * min(chances[r], MAX_CHANCE) ** j (trust: the
-    share of such promises kept, at most 1; 1 is batch_draft_sizes' rule); tokens are taken
-    likeliest first (ties: lower row) while each clears G / (fixed_cost_tokens + T). Within a row
-    the chances fall with j, so the likeliest token left is some row's next one: each take scans
-    the rows with tokens left. Cost: O(R + taken x R') for R rows, R' of them with a chain; no sort.
+    Row r's j-th token is kept with chance trust * min(chances[r], MAX_CHANCE) ** j * shares[r, j - 1]
+    (trust: the share of such promises kept, at most 1; 1 is batch_draft_sizes' rule; shares:
+    (row, >= lengths[r]), not rising with j); tokens are taken likeliest first (ties: lower row)
+    while each clears G / (fixed_cost_tokens + T). Within a row the chances fall with j, so the
+    likeliest token left is some row's next one: each take scans the rows with tokens left.
+    Cost: O(R + taken x R') for R rows, R' of them with a chain; no sort.
     """
     n = chances.shape[0]
     live = np.empty(n, dtype=np.int64)  # (live,) rows with tokens left to take, a nonzero chance
     chance = np.empty(n, dtype=np.float64)  # (live,) its chance per token
-    gain = np.empty(n, dtype=np.float64)  # (live,) its next token's chance, chance ** (sizes[row] + 1)
+    power = np.empty(n, dtype=np.float64)  # (live,) chance ** (sizes[row] + 1)
+    gain = np.empty(n, dtype=np.float64)  # (live,) its next token's chance, power * shares[row, sizes[row]]
     m = 0
     for r in range(n):
         sizes[r] = 0
         a = min(chances[r], MAX_CHANCE)
-        if lengths[r] > 0 and a > 0.0:
-            live[m], chance[m], gain[m] = r, a, a
+        if lengths[r] > 0 and a > 0.0 and shares[r, 0] > 0.0:
+            live[m], chance[m], power[m], gain[m] = r, a, a, a * shares[r, 0]
             m += 1
     expected = float(rows)  # G: each row's own token
     verified = float(rows)  # T
@@ -127,9 +138,10 @@ def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
         taken += 1
         if sizes[r] == lengths[r]:  # the row's chain is all taken: the last live row takes its place
             m -= 1
-            live[best], chance[best], gain[best] = live[m], chance[m], gain[m]
+            live[best], chance[best], power[best], gain[best] = live[m], chance[m], power[m], gain[m]
         else:
-            gain[best] = g * chance[best]
+            power[best] *= chance[best]
+            gain[best] = power[best] * shares[r, sizes[r]]
     return taken, expected - rows
 
 

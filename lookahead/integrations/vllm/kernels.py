@@ -36,7 +36,7 @@ from lookahead.index import SEPARATOR
 from lookahead.index.kernels import EMPTY, index_ends
 from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import MAX_CHANCE
-from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
+from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path, path_shares
 
 CHAIN_WALK = (8, 4)  # LookupDrafter.chain_walk: occurrences walked (of the suffix, of the suffix less its last token)
 FIRST_REACH = 64  # LookupDrafter.first_reach
@@ -130,7 +130,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
             tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
             keep, overall, plan_len, plan_size, plan_match, plan_pos, plan_ids, watch, watch_ids,  # per slot: learning
             docs, memory, options, trie, ends, scratch,  # shared
-            out_ids, out_len, out_match, out_chance, out_status):  # per row: results
+            out_ids, out_len, out_match, out_chance, out_share, out_status):  # per row: results
     """One step over every row: learn from the tokens it wrote, index them, draft its chain.
 
     Per row r (slot s = rows_slot[r], the row's tokens token_ids[r, :num_tokens[r]], its last
@@ -143,7 +143,8 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
     rule's first bar: below it the rule takes no token of the row), or every such row with
     `force`, has its index take the tokens not yet indexed and drafts the chain of at most
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
-    out_match[r] tokens, each kept with chance out_chance[r]. Returns whether any row drafted.
+    out_match[r] tokens, each kept with chance out_chance[r] (the keep rate) times out_share[r, j]
+    (the branch shares its path kept in the trie: trie.path_shares). Returns whether any row drafted.
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
     extended slot's buffers for its new tokens (room_and_growth, SlotBuffers.reserve).
     """
@@ -223,6 +224,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
                 count, match_len = scratch[0], max(match_len, scratch[1])
         anchored = max(match_len, substituted) if count > 1 else 0
         length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), 0, out_ids[r])  # its nodes
+        path_shares(trie, out_ids[r], length, out_share[r])
         for i in range(length):
             out_ids[r, i] = trie[0][out_ids[r, i]]  # the nodes' tokens
         out_len[r] = length

@@ -115,8 +115,8 @@ class KeptShare:
     the drafts it sent kept: the sizer's trust in its chances there (`trust`, at most 1).
 
     A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
-    j-th power: the promise of a step's likeliest tokens holds least (the sent drafts kept 0.70-0.81
-    of it in docs/vllm.md's replay), so drafts that only just clear the load's bar lose. The sizer
+    j-th power (times the branch shares its path kept in the trie): the promise of a step's likeliest
+    tokens holds least (the sent drafts kept 0.70-0.81 of it in docs/vllm.md's replay), so drafts that only just clear the load's bar lose. The sizer
     multiplies every chance by the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts
     against is divided by it, and what it expects is what the share then learns from: at a steady
     load the trust settles where its square is the share of the unscaled promise that was kept

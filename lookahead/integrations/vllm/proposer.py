@@ -275,6 +275,7 @@ class LookupProposer:
         self._out_len = np.zeros(rows, dtype=np.int64)  # (row,) its length
         self._out_match = np.zeros(rows, dtype=np.int64)  # (row,) its anchor's length
         self._out_chance = np.zeros(rows, dtype=np.float64)  # (row,) its keep chance per token
+        self._out_share = np.zeros((rows, self.num_draft_tokens), dtype=np.float64)  # (row, K) its path's branch shares
         self._out_status = np.zeros(rows, dtype=np.int64)  # (row,) kernels.LEARNT, DISCARDED or NO_PLAN
         self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
         self._room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
@@ -376,7 +377,7 @@ class LookupProposer:
                             s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
                             s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
                             self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
-                            self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_status)
+                            self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status)
         accepted = self.stats.accepted_tokens
         self._count_step(num_rows, verified, theirs, num_sampled)
         if self.kept_share is not None and self._sent_promise[1] > 0.0:
@@ -387,7 +388,8 @@ class LookupProposer:
         sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = batch_sizes(self._out_chance[:num_rows], chains, decode, h + d, sizes, trust)
+            taken, expected = batch_sizes(self._out_chance[:num_rows], self._out_share[:num_rows], chains, decode, h + d,
+                                           sizes, trust)
             if taken:
                 plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
                 if plain or not worth_sending(decode, expected, taken, h, d):
