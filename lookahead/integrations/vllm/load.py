@@ -116,13 +116,14 @@ class KeptShare:
 
     A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
     j-th power (times the branch shares its path kept in the trie): the promise of a step's likeliest
-    tokens holds least (the sent drafts kept 0.70-0.81 of it in docs/vllm.md's replay), so drafts that only just clear the load's bar lose. The sizer
-    multiplies every chance by the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts
-    against is divided by it, and what it expects is what the share then learns from: at a steady
-    load the trust settles where its square is the share of the unscaled promise that was kept
-    (a correction by about half). Faded sums over about a hundred drafted steps of the load, from a
-    prior of PRIOR_TOKENS promised and kept (trust 1). The trust is at least MIN_TRUST: only sent
-    drafts teach it, so a load whose first drafts kept nothing would otherwise send none again.
+    tokens holds least (the sent drafts kept 0.70-0.81 of it in docs/vllm.md's replay, before the
+    shares), so drafts that only just clear the load's bar lose. The sizer multiplies every chance by
+    the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts against is divided by it, and
+    what it expects is what the share then learns from: at a steady load the trust settles where its
+    square is the share of the unscaled promise that was kept (a correction by about half). Faded sums
+    over about a hundred drafted steps of the load, from a prior of PRIOR_TOKENS promised and kept
+    (trust 1). The trust is at least MIN_TRUST: only sent drafts teach it, so a load whose first drafts
+    kept nothing would otherwise send none again.
 
     Example:
         >>> share = KeptShare()
