@@ -550,7 +550,8 @@ class DraftTrie:
 
 
 def warm_up() -> int:
-    """Compiles every kernel here on a small real input; returns the tree size (4 when all ran).
+    """Compiles every kernel the drafter calls on a small real input; returns the tree size (4 when all ran).
+    (path_shares is the vLLM proposer's, compiled with its kernel: a drafter's first call does not pay for it.)
 
     The sources are int32 (an index's tokens) and int64 (a store's continuation).
     """
@@ -565,7 +566,6 @@ def warm_up() -> int:
     trie.add_longest_match(buffers, buffers.tokens[:3], 2, match_base=2.0, stop_token=9)
     trie.add_longest_match(buffers, np.array([4, 5]), 2, match_base=2.0)
     trie.path(2)
-    trie.path_shares(trie.path_nodes(2))
     table = np.array([[1, 2], [2, -1], [0, 1]], dtype=np.int32)  # a prediction table's ids
     trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=2.0)
     return trie.tree(4)[0].shape[0]
