@@ -698,7 +698,7 @@ def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tok
     """The engine's step times (F + p * tokens, D more when any draft is verified) teach the rule that
     at 32 rows drafting lowers tokens per second, while at one row it raises them: at 32 rows it sends
     nothing (but on the steps that measure drafting again), at one row it sends drafts. Told h = 30
-    and nothing of D, it drafts at 32 rows on every step."""
+    and nothing of D, it drafts at 32 rows on most steps."""
     rng = random.Random(0)
     proposer = LookupProposer(fake_config(k=4, max_model_len=4096, max_num_seqs=32, fixed_cost_tokens=fixed_cost_tokens))
     runner = FakeRunner(proposer)
@@ -741,8 +741,9 @@ def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tok
         assert proposer.cost.fixed_cost_tokens == pytest.approx(30, rel=0.1)
         assert proposer.cost.draft_cost_tokens == pytest.approx(25, rel=0.1)
         assert sum(map(bool, high)) < 40 / 3 and proposer.stats.withheld_steps > 0
-    else:  # told h = 30 and nothing of D: it drafts at 32 rows nearly every step
-        assert sum(map(bool, high)) > 0.9 * 40
+    else:  # told h = 30 and nothing of D: it drafts at 32 rows on most steps (not on those, the first few after
+        # the one-row phase among them, whose drafts are expected to gain under load.MIN_GAIN)
+        assert sum(map(bool, high)) > 0.75 * 40
 
 
 # -- options -----------------------------------------------------------------------------------
