@@ -26,8 +26,8 @@ requests), so state is keyed by request, never by row:
   with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it) and each chance trusted as far as the load's
   sent drafts kept what the sizer expected (load.KeptShare); drafts that would not raise tokens per
-  second by load.MIN_GAIN are not sent (load.worth_sending), and where no drafted token could clear the bar nothing is
-  drafted at all: the step costs a copy of its new tokens.
+  second by load.MIN_GAIN are not sent (load.worth_sending), and where no drafted token could
+  clear the bar nothing is drafted at all: the step costs a copy of its new tokens.
 
 vLLM is not imported here: it builds this class and hands it plain arrays.
 """
