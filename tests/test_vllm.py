@@ -411,7 +411,7 @@ class ReferenceProposer:
         h, d, n_decode = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens, len(decode)
         line = LineCost(h + d)  # once a draft is sent, D is paid: the sizer's fixed part
 
-        def worth(chances, lengths, shares):  # the sizes the sizer takes, or none where they would not raise tokens per second
+        def worth(chances, lengths, shares):  # the sizes the sizer takes, or none where they would not gain load.MIN_GAIN
             sizes = batch_draft_sizes(chances, lengths, cost=line, shares=shares)
             expected = sum(min(c, MAX_CHANCE) ** j * share[j - 1] for c, share, size in zip(chances, shares, sizes)
                            for j in range(1, size + 1))
