@@ -25,6 +25,24 @@ _FORMATS = tuple(f"lookahead.{kind}" for kind in FILE_KINDS)
 _VERSION = 2  # 2: a format marker per class (1: TokenStore's, for DocumentLibrary files too)
 
 
+class _Reading:
+    """TokenStore.reading's context: the store's lock held, its index's buffers as a plain tuple.
+    A class, not a generator's context manager: a per-step caller (the vLLM proposer) pays two
+    method calls for it."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: "TokenStore"):
+        self._store = store
+
+    def __enter__(self) -> tuple:
+        self._store._lock.acquire()
+        return self._store._index._arrays()
+
+    def __exit__(self, *exc) -> None:
+        self._store._lock.release()
+
+
 class TokenStore:
     """A bounded, thread-safe index over whole token sequences.
 
@@ -106,8 +124,7 @@ class TokenStore:
             return trie.add_longest_match(self._index.buffers(), query, num_draft_tokens, match_base=match_base, scale=scale,
                                           stop_token=SEPARATOR)
 
-    @contextlib.contextmanager
-    def reading(self):
+    def reading(self) -> "_Reading":
         """The store's index as kernels read it, with the store's lock held until the block ends.
 
         Yields the plain tuple lookahead.index.kernels and lookahead.trie take (tokens, prev, table,
@@ -122,8 +139,7 @@ class TokenStore:
             ...     index[3]  # tokens indexed, the separator included
             4
         """
-        with self._lock:
-            yield tuple(self._index.buffers())
+        return _Reading(self)
 
     def _evict(self, room: int) -> None:
         # Keep the newest sequences that fit in half the cap (and leave `room`).

@@ -447,20 +447,26 @@ class ReferenceProposer:
     memory_later: list = []
 
 
-@pytest.mark.parametrize("seed", range(6))
+# (h, d) per seed of test_batched_steps_equal_the_request_classes; h = 0.001: every bar, rows / (h + rows), is at
+# least MAX_CHANCE, so only every LEARN_EVERY-th step drafts (advance's shortcut past the rows) and nothing is sent
+STEP_COSTS = [(2.0, 0.0), (16.0, 0.0), (4096.0, 0.0), (16.0, 4.0), (6.0, 3.0), (0.001, 0.0)]
+
+
+@pytest.mark.parametrize("seed", range(len(STEP_COSTS)))
 @pytest.mark.parametrize("first_capacity", [None, (4, 16)])
 def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
-    step cost with and without D (with it, drafts withheld by worth_sending, their chains watched); with
-    first_capacity, slots start at that many tokens and table slots, so they grow (and rehash) as the rows do."""
+    step cost with and without D (with it, drafts withheld by worth_sending, their chains watched) and one where
+    no chance clears the bar; with first_capacity, slots start at that many tokens and table slots, so they grow
+    (and rehash) as the rows do."""
     if first_capacity is not None:
         monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
         monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])
     rng = random.Random(seed)
     k, max_model_len = 4, 200
-    h, d = rng.choice([(2.0, 0.0), (16.0, 0.0), (4096.0, 0.0), (16.0, 4.0), (6.0, 3.0)])
+    h, d = STEP_COSTS[seed]
     cost = SimpleNamespace(fixed_cost_tokens=h, draft_cost_tokens=d)  # h and d, as load.DraftStepCost learns them
-    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=h))
+    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=max(h, 1.0)))  # cost replaced below
     proposer.cost = cost
     reference = ReferenceProposer(k, max_model_len, cost, eos_token_id=2)
     reference.memory_later = []
@@ -506,7 +512,12 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypat
                 started += 1
         if not live:
             live, started = [new_request(started)], started + 1
-    assert proposer.stats.drafts > 0 and proposer.stats.finished > 0
+    assert proposer.stats.finished > 0
+    if h >= 1:
+        assert proposer.stats.drafts > 0
+    else:  # drafted only on the learning steps, never sent, and their chains taught the keep rates
+        assert proposer.stats.drafts == 0 and proposer.stats.cut_tokens > 0
+        assert proposer.stats.skipped_steps >= 60 - 60 // proposer_module.LEARN_EVERY - 1
     if d:  # drafts were made and withheld (worth_sending), their chains watched as the request classes watch them
         assert proposer.stats.withheld_steps > 0
 

@@ -126,12 +126,12 @@ def _watch(watch, watch_ids, s, m, ids, start, stop, position):
 
 
 @njit(cache=True)
-def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, token_ids,  # per row, and the load's bar
+def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,  # per row, and the load's bar
             tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
             keep, overall, plan_len, plan_size, plan_match, plan_pos, plan_ids, watch, watch_ids,  # per slot: learning
             docs, memory, options, trie, ends, scratch,  # shared
-            out_ids, out_len, out_match, out_chance, out_share, out_status):  # per row: results
-    """One step over every row: learn from the tokens it wrote, index them, draft its chain.
+            out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos):  # results
+    """One step over every row: learn from the tokens it wrote, count the drafts verified, index them, draft its chain.
 
     Per row r (slot s = rows_slot[r], the row's tokens token_ids[r, :num_tokens[r]], its last
     num_sampled[r] written this step, of which verified[r] were our draft's tokens vLLM checked):
@@ -139,12 +139,15 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
       the step's tokens and vLLM checked it (or we had sent nothing), dropped otherwise
       (out_status: LEARNT, DISCARDED, NO_PLAN); watched rests settle against the row;
     - the slot takes the row's new tokens (tokens[s][copied:num_tokens]).
+    The step's verified drafts are counted into counts and per_pos (count_drafts; theirs[r]: tokens
+    of vLLM's own draft the row verified).
     Then each row with room[r] > 0 whose keep chance beats `bar` for some anchor length (the load
     rule's first bar: below it the rule takes no token of the row), or every such row with
     `force`, has its index take the tokens not yet indexed and drafts the chain of at most
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
     out_match[r] tokens, each kept with chance out_chance[r] (the keep rate) times out_share[r, j]
-    (the branch shares its path kept in the trie: trie.path_shares). Returns whether any row drafted.
+    (the branch shares its path kept in the trie: trie.path_shares). Returns (whether any row
+    drafted, whether any count is not 0).
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
     extended slot's buffers for its new tokens (room_and_growth, SlotBuffers.reserve).
     """
@@ -184,7 +187,10 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
                 tok[pos] = row[pos]
             copied[s] = n
             last_token[s] = row[n - 1]
+    counted = count_drafts(out_status[: rows_slot.shape[0]], verified, theirs, num_sampled, counts, per_pos)
     drafted = False
+    if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
+        return drafted, counted
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -231,7 +237,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, room, bar, force, toke
         out_match[r] = anchored
         if length:
             out_chance[r] = keep_chance(keep, overall, s, anchored)
-    return drafted
+    return drafted, counted
 
 
 @njit(cache=True)

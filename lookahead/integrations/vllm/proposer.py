@@ -197,7 +197,8 @@ class MemoryFiling:
                 self._queue.task_done()
 
     def wait(self) -> None:
-        self._queue.join()
+        if self._queue.unfinished_tasks:  # (an int read: a step that filed nothing pays no Condition)
+            self._queue.join()
 
 
 class LookupProposer:
@@ -261,7 +262,7 @@ class LookupProposer:
         self._last_keys: list = []  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
-        self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts)
+        self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts, run by advance)
         self._per_pos = np.zeros(k, dtype=np.int64)
         self._lock = threading.Lock()  # held by a step and by the counters file's writer
         self._stats_file = StatsFile(options["stats_path"], self._stats_snapshot, self._lock) if options["stats_path"] else None
@@ -373,13 +374,16 @@ class LookupProposer:
             self._filing.wait()  # the requests finished before the last step are in memory
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
-            drafting = kernels.advance(slots, num_tokens, num_sampled, verified, room, bar, force, token_ids,
-                            s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
-                            s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
-                            self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
-                            self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status)
+            drafting, counted = kernels.advance(
+                slots, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,
+                s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
+                s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
+                self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
+                self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status,
+                self._counts, self._per_pos)
         accepted = self.stats.accepted_tokens
-        self._count_step(num_rows, verified, theirs, num_sampled)
+        if counted:
+            self._count_step()
         if self.kept_share is not None and self._sent_promise[1] > 0.0:
             self.kept_share.observe(*self._sent_promise, self.stats.accepted_tokens - accepted)
         self.stats.skipped_steps += decode > 0 and not drafting
@@ -547,13 +551,11 @@ class LookupProposer:
         theirs[:] = theirs_of
         return ours, theirs
 
-    def _count_step(self, num_rows, verified, theirs, num_sampled) -> None:
-        """Counts, as vLLM's metrics do, the drafts the step verified: ours (learnt from) and vLLM's own."""
-        counts, per_pos = self._counts, self._per_pos
-        if not kernels.count_drafts(self._out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos):
-            return
-        s = self.stats
-        drafts, draft_tokens, accepted, vllm_drafts, discarded = counts.tolist()
+    def _count_step(self) -> None:
+        """Adds the step's counts (kernels.count_drafts, run by advance) to the stats: the drafts the step
+        verified as vLLM's metrics count them, ours (learnt from) and vLLM's own."""
+        s, per_pos = self.stats, self._per_pos
+        drafts, draft_tokens, accepted, vllm_drafts, discarded = self._counts.tolist()
         s.drafts, s.draft_tokens, s.accepted_tokens = s.drafts + drafts, s.draft_tokens + draft_tokens, s.accepted_tokens + accepted
         s.vllm_drafts, s.discarded_drafts = s.vllm_drafts + vllm_drafts, s.discarded_drafts + discarded
         if drafts:
