@@ -9,13 +9,13 @@ live requests). Each step the "model" writes what the trace wrote: the drafted t
 agree with it and the one after (greedy verification, as the forced target of
 examples/vllm_serving.py accepts them); a finished request is replaced by the next trace at
 once (continuous batching); between steps the "forward" sleeps --forward-ms (releasing the
-GIL, as a model's forward does: the proposer files finished requests into its memory on a
-thread meanwhile, timed apart as "filing"), then, with --forward-mb M, reads and writes M MB
+GIL, as a model's forward does: the proposer files finished requests into its memory and
+indexes the rows' new tokens on a thread meanwhile, timed apart as "thread"), then, with --forward-mb M, reads and writes M MB
 (a forward's memory traffic, which leaves the proposer's data and Python's own out of the
 caches: the serving bench's forward at 64 rows moves about 165 MB, its output layer's 131 MB
 of weights and 33 MB of logits; docs/vllm.md has what that costs a step). Printed per row count: the median and mean wall
 time of `propose` per step (after a warm-up of --warm steps), its microseconds per row, the
-filing thread's time per step, and the drafted and accepted tokens, for four load rules:
+proposer's thread's time per step, and the drafted and accepted tokens, for four load rules:
 
 - `draft-all`: cost_aware=False, every chain sent whole (the most work a step does);
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
@@ -251,7 +251,7 @@ def main() -> None:
             drafting(traces, rows, args.drafting, step_cost)
         return
     print(f"{len(traces)} traces; K={K}; {args.steps} steps after {args.warm}")
-    print("| rows | rule | propose ms/step (median) | mean | us/row (mean) | filing ms/step | drafted/step | accepted/drafted |")
+    print("| rows | rule | propose ms/step (median) | mean | us/row (mean) | thread ms/step | drafted/step | accepted/drafted |")
     print("|---|---|---|---|---|---|---|---|")
     for rows in [int(r) for r in args.rows.split(",")]:
         for name, options in RULES.items():
@@ -262,13 +262,13 @@ def main() -> None:
             for _ in range(args.warm):
                 runner.step(proposer, forward_s, traffic)
             runner.drafted = runner.accepted = 0
-            filing = getattr(proposer, "_filing", None)  # (older proposers file at once)
-            filed = filing.seconds if filing is not None else 0.0
+            worker = getattr(proposer, "_worker", None)  # the proposer's BetweenSteps thread
+            threaded = worker.seconds if worker is not None else 0.0
             times = [runner.step(proposer, forward_s, traffic) for _ in range(args.steps)]
-            filed = (filing.seconds - filed) if filing is not None else float("nan")
+            threaded = (worker.seconds - threaded) if worker is not None else float("nan")
             median, mean = statistics.median(times) * 1e3, statistics.mean(times) * 1e3
             rate = runner.accepted / runner.drafted if runner.drafted else 0.0
-            print(f"| {rows} | {name} | {median:.3f} | {mean:.3f} | {mean * 1e3 / rows:.1f} | {filed * 1e3 / args.steps:.3f} | "
+            print(f"| {rows} | {name} | {median:.3f} | {mean:.3f} | {mean * 1e3 / rows:.1f} | {threaded * 1e3 / args.steps:.3f} | "
                   f"{runner.drafted / args.steps:.1f} | {rate:.2f} |", flush=True)
 
 

@@ -161,11 +161,25 @@ def test_memory_serves_a_later_request(identity):
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14])], [[14]])
     runner.step(proposer, [("b", [30, 31], [32])], [[32]])  # "a" finished: filed into memory
-    proposer.flush()  # (filed on the memory's thread, in time for the next step)
+    proposer.flush()  # (filed on the proposer's thread, in time for the next step)
     assert len(proposer.memory) > 0
     # "d" writes what "a" wrote: its own tokens never repeat, memory drafts the rest
     assert runner.step(proposer, [("d", [1, 12], [13])], [[13]]) == [[14]]
     assert runner.step(proposer, [("e", [7, 10, 11], [12])], [[12]]) == [[13, 14]]
+
+
+def test_between_steps_runs_the_calls_in_order_and_raises_their_error_at_the_next_wait():
+    worker, seen = proposer_module.BetweenSteps(), []
+    worker.submit(seen.append, 1)
+    worker.submit(seen.append, 2)
+    worker.wait()
+    assert seen == [1, 2] and worker.seconds > 0
+    worker.submit(divmod, 1, 0)
+    worker.submit(seen.append, 3)
+    with pytest.raises(ZeroDivisionError):
+        worker.wait()
+    assert seen == [1, 2, 3]  # the thread went on
+    worker.wait()  # the error is raised once
 
 
 def test_memory_off_drafts_only_from_the_request():
@@ -454,11 +468,14 @@ STEP_COSTS = [(2.0, 0.0), (16.0, 0.0), (4096.0, 0.0), (16.0, 4.0), (6.0, 3.0), (
 
 @pytest.mark.parametrize("seed", range(len(STEP_COSTS)))
 @pytest.mark.parametrize("first_capacity", [None, (4, 16)])
-def test_batched_steps_equal_the_request_classes(seed, first_capacity, monkeypatch):
+@pytest.mark.parametrize("index_ahead", [None, 1])
+def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahead, monkeypatch):
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
     step cost with and without D (with it, drafts withheld by worth_sending, their chains watched) and one where
     no chance clears the bar; with first_capacity, slots start at that many tokens and table slots, so they grow
-    (and rehash) as the rows do."""
+    (and rehash) as the rows do; with index_ahead, the rows' new tokens are indexed between steps from that many."""
+    if index_ahead is not None:
+        monkeypatch.setattr(proposer_module, "INDEX_AHEAD", index_ahead)
     if first_capacity is not None:
         monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
         monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])

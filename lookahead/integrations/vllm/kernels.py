@@ -125,6 +125,18 @@ def _watch(watch, watch_ids, s, m, ids, start, stop, position):
     watch[s, 0, 0] = count + 1
 
 
+@njit(cache=True, inline="always")
+def _index_to(tok, prv, tab, indexed, used, s, n, min_ngram, max_ngram):
+    # slot s's index (tok, prv, tab) takes its tokens through tok[:n] not yet indexed (the grams ending at
+    # positions before n - 1: the last token's wait for the next, as its suffix is what a draft looks up)
+    start = indexed[s]
+    if n > start:
+        lo = max(start - 1, 0)
+        if n - 1 > lo:
+            used[s] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+        indexed[s] = n
+
+
 @njit(cache=True)
 def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,  # per row, and the load's bar
             tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
@@ -147,7 +159,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
     out_match[r] tokens, each kept with chance out_chance[r] (the keep rate) times out_share[r, j]
     (the branch shares its path kept in the trie: trie.path_shares). Returns (whether any row
-    drafted, whether any count is not 0).
+    drafted, whether any count is not 0, tokens of rows with room left unindexed: index_rows').
     options = (min_ngram, max_ngram, draft_factor, has_memory). The caller has grown every
     extended slot's buffers for its new tokens (room_and_growth, SlotBuffers.reserve).
     """
@@ -190,7 +202,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
     counted = count_drafts(out_status[: rows_slot.shape[0]], verified, theirs, num_sampled, counts, per_pos)
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
-        return drafted, counted
+        return drafted, counted, _pending(rows_slot, num_tokens, room, indexed)
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -208,12 +220,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
                 continue
         drafted = True
         tok, prv, tab = tokens[s], prev[s], table[s]
-        start = indexed[s]
-        if n > start:
-            lo = max(start - 1, 0)
-            if n - 1 > lo:
-                used[s] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
-            indexed[s] = n
+        _index_to(tok, prv, tab, indexed, used, s, n, min_ngram, max_ngram)
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
         index = (tok, prv, tab, n, min_ngram, max_ngram)
@@ -237,7 +244,29 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
         out_match[r] = anchored
         if length:
             out_chance[r] = keep_chance(keep, overall, s, anchored)
-    return drafted, counted
+    return drafted, counted, _pending(rows_slot, num_tokens, room, indexed)
+
+
+@njit(cache=True, inline="always")
+def _pending(rows_slot, num_tokens, room, indexed):
+    # tokens of the rows with room that their slots have not indexed (index_rows' work)
+    pending = 0
+    for r in range(rows_slot.shape[0]):
+        if room[r] > 0:
+            pending += num_tokens[r] - indexed[rows_slot[r]]
+    return pending
+
+
+@njit(cache=True, nogil=True)
+def index_rows(rows_slot, room, tokens, prev, table, copied, indexed, used, min_ngram, max_ngram):
+    """Indexes, for each row with room[r] > 0, its slot's copied tokens not yet indexed: what advance
+    indexes when the row next drafts, done ahead, between steps (the proposer's BetweenSteps thread;
+    nogil: it runs beside the engine's Python). room_and_growth sized those rows' tables for them.
+    The index is the same whenever its tokens are taken (index_ends is incremental by position)."""
+    for r in range(rows_slot.shape[0]):
+        if room[r] > 0:
+            s = rows_slot[r]
+            _index_to(tokens[s], prev[s], table[s], indexed, used, s, copied[s], min_ngram, max_ngram)
 
 
 @njit(cache=True)

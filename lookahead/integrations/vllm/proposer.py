@@ -55,6 +55,7 @@ from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
+INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps (~0.2 us each, 8 grams; a hand-off to the thread costs ~10 us)
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 _GROWTH = 1.5  # a slot's buffers grow by this factor (TokenIndex's)
 _MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
@@ -163,42 +164,49 @@ class SlotBuffers:
             kernels.set_slot(self.tokens, self.prev, self.table, s, *arrays)  # (a typed List's own setitem: ~25 us each)
 
 
-class MemoryFiling:
-    """Files finished requests into the shared memory on a thread of its own, while the engine's forward runs.
+class BetweenSteps:
+    """Work a step hands to a thread of its own, done while the engine's forward runs: finished
+    requests filed into the shared memory, the rows' new tokens indexed.
 
-    `add` queues a step's finished requests after its drafts are made; `wait`, before the next
-    step reads the memory, returns once they are filed. So the memory a step drafts from is
-    always every request finished before the step before it, whatever the threads' timing;
-    indexing a finished request (O(its tokens)) overlaps the model's forward instead of
-    lengthening a step. `seconds`: the thread's time spent filing.
+    `submit(fn, *args)` queues a call after a step's drafts are returned; `wait`, at the start of
+    the next step, returns once every queued call has run. So a step always reads the memory and
+    slots as if the calls had run at the end of the step before, whatever the threads' timing:
+    the drafts are the same as without the thread. Indexing (O(the tokens)) overlaps the model's
+    forward instead of lengthening a step, where the forward leaves a core free (a GPU's does; on
+    a CPU the forward's own threads share the cores). A call's error is raised by the next `wait`.
+    `seconds`: the thread's time in the calls.
     """
 
-    def __init__(self, memory: TokenStore):
-        self.memory = memory
+    def __init__(self):
         self.seconds = 0.0
         self._queue: queue.Queue = queue.Queue()
         self._thread = None
+        self._error: BaseException | None = None
 
-    def add(self, sequences: list) -> None:
+    def submit(self, fn, *args) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="lookahead-memory", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="lookahead-between-steps", daemon=True)
             self._thread.start()
-        for tokens in sequences:
-            self._queue.put(tokens)
+        self._queue.put((fn, args))
 
     def _run(self) -> None:
         while True:
-            tokens = self._queue.get()
+            fn, args = self._queue.get()
             start = time.perf_counter()
             try:
-                self.memory.add(tokens)
+                fn(*args)
+            except BaseException as error:  # the thread lives on; the step that waits raises it
+                self._error = error
             finally:
                 self.seconds += time.perf_counter() - start
                 self._queue.task_done()
 
     def wait(self) -> None:
-        if self._queue.unfinished_tasks:  # (an int read: a step that filed nothing pays no Condition)
+        if self._queue.unfinished_tasks:  # (an int read: a step that queued nothing pays no Condition)
             self._queue.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 class LookupProposer:
@@ -223,7 +231,7 @@ class LookupProposer:
             self.memory = TokenStore.load(options["memory_path"])
         elif options["memory"]:
             self.memory = TokenStore(max_tokens=options["memory_tokens"], min_ngram=min_ngram, max_ngram=max_ngram)
-        self._filing = MemoryFiling(self.memory) if self.memory is not None else None  # None: filed at once
+        self._worker: BetweenSteps | None = BetweenSteps()  # None: its calls run at once, in the step
         self._finished: list = []  # this step's finished requests' tokens, filed after its drafts
         self.documents = DocumentLibrary.load(options["documents_path"]) if options["documents_path"] else DocumentLibrary()
         hf_config = getattr(vllm_config.model_config, "hf_config", None)
@@ -312,7 +320,7 @@ class LookupProposer:
             model_config=SimpleNamespace(max_model_len=self.max_model_len, hf_config=SimpleNamespace(eos_token_id=None)),
             scheduler_config=SimpleNamespace(max_num_seqs=1), additional_config={OPTION_KEY: options}))
         probe._warned_content = True
-        probe._filing = None  # filed at once: no thread for the probe
+        probe._worker = None  # its calls at once, so that they compile here: no thread for the probe
         probe.memory.add([1, 2, 3, 1, 2])
         tokens = np.array([[1, 2, 3, 1, 2, 0, 0], [5, 2, 3, 0, 0, 0, 0]], dtype=np.int32)
         probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
@@ -320,7 +328,11 @@ class LookupProposer:
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
         slots = probe.slots
         kernels.set_slot(slots.tokens, slots.prev, slots.table, 0, *slots._arrays[0])  # SlotBuffers.reserve's
-        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.set_slot.signatures):
+        row = np.zeros(1, dtype=np.int64)  # (a row without room: nothing indexed)
+        kernels.index_rows(row, row, slots.tokens, slots.prev, slots.table, slots.copied, slots.indexed, slots.used,
+                           slots.min_ngram, slots.max_ngram)  # the thread's, compiled here and not mid-serving
+        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.set_slot.signatures
+                and kernels.index_rows.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
@@ -346,6 +358,8 @@ class LookupProposer:
         return out
 
     def _step(self, sampled, num_tokens_no_spec, token_ids, start) -> list[list[int]]:
+        if self._worker is not None:
+            self._worker.wait()  # the last step's calls have run: the memory and the slots are the step's own again
         num_rows = len(sampled)
         self._row_buffers(num_rows)
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
@@ -370,11 +384,9 @@ class LookupProposer:
         bar = decode / (h + d + decode) / trust if self.options["cost_aware"] and decode else -1.0
         force = self.stats.steps % LEARN_EVERY == 0
         memory = self.memory
-        if self._filing is not None:
-            self._filing.wait()  # the requests finished before the last step are in memory
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
-            drafting, counted = kernels.advance(
+            drafting, counted, pending = kernels.advance(
                 slots, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,
                 s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
                 s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
@@ -417,6 +429,9 @@ class LookupProposer:
 
         if self._finished:
             self._file_finished()
+        if pending >= INDEX_AHEAD:  # what the rows that did not draft would index when they next draft
+            self._between(kernels.index_rows, slots, room, s.tokens, s.prev, s.table, s.copied, s.indexed, s.used,
+                          s.min_ngram, s.max_ngram)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
@@ -596,19 +611,23 @@ class LookupProposer:
         self._retired = True
         self._sent.pop(s, None)
         if self.memory is not None and self.slots.copied[s]:
-            self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (MemoryFiling)
+            self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (BetweenSteps)
         self.slots.free(s)
         self.stats.finished += 1
 
     # -- counters ------------------------------------------------------------------------------
 
-    def _file_finished(self) -> None:
-        """Hands this step's finished requests to the memory (its thread, or at once)."""
-        if self._filing is not None:
-            self._filing.add(self._finished)
+    def _between(self, fn, *args) -> None:
+        """fn(*args) on the thread between this step and the next (or at once, without one)."""
+        if self._worker is None:
+            fn(*args)
         else:
-            for tokens in self._finished:
-                self.memory.add(tokens)
+            self._worker.submit(fn, *args)
+
+    def _file_finished(self) -> None:
+        """Hands this step's finished requests to the memory (between steps)."""
+        for tokens in self._finished:
+            self._between(self.memory.add, tokens)
         self._finished = []
 
     def flush(self) -> None:
@@ -616,8 +635,8 @@ class LookupProposer:
         with self._lock:
             if self._finished:
                 self._file_finished()
-        if self._filing is not None:
-            self._filing.wait()
+        if self._worker is not None:
+            self._worker.wait()
 
     def _stats_snapshot(self) -> dict:
         return stats_dict(self.stats, self.runner)
