@@ -7,7 +7,7 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
     prev[s]     int32[cap]
     table[s]    int32[cap_slots]
     copied      int64[S]             # tokens copied from the row: tokens[s][:copied[s]]
-    indexed     int64[S]             # of those, indexed (lazily: only when the row drafts)
+    indexed     int64[S]             # of those, indexed (lazily: when the row drafts, or between steps: index_rows)
     used        int64[S]             # table slots used
     prompt_len  int64[S]             # the source of the first-occurrence rule (LookupDrafter._fill_trie)
     doc         int64[S]             # index into `docs` of the request's documents store; -1: none
