@@ -55,7 +55,8 @@ from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
-INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps (~0.2 us each, 8 grams; a hand-off to the thread costs ~10 us)
+INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps: a hand-off at every step cost c=16's steps 0.04 ms
+                  # where little waits (docs/vllm.md, "indexing between steps"); a new request's prompt is hundreds
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 _GROWTH = 1.5  # a slot's buffers grow by this factor (TokenIndex's)
 _MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
