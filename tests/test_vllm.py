@@ -473,7 +473,8 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
     step cost with and without D (with it, drafts withheld by worth_sending, their chains watched) and one where
     no chance clears the bar; with first_capacity, slots start at that many tokens and table slots, so they grow
-    (and rehash) as the rows do; with index_ahead, the rows' new tokens are indexed between steps from that many."""
+    (and rehash) as the rows do, and two slots, so that more are added (the kernels reach every slot's arrays by
+    address); with index_ahead, the rows' new tokens are indexed between steps from that many."""
     if index_ahead is not None:
         monkeypatch.setattr(proposer_module, "INDEX_AHEAD", index_ahead)
     if first_capacity is not None:
@@ -483,7 +484,8 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
     k, max_model_len = 4, 200
     h, d = STEP_COSTS[seed]
     cost = SimpleNamespace(fixed_cost_tokens=h, draft_cost_tokens=d)  # h and d, as load.DraftStepCost learns them
-    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, fixed_cost_tokens=max(h, 1.0)))  # cost replaced below
+    proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, max_num_seqs=1 if first_capacity else 4,
+                                          fixed_cost_tokens=max(h, 1.0)))  # cost replaced below
     proposer.cost = cost
     reference = ReferenceProposer(k, max_model_len, cost, eos_token_id=2)
     reference.memory_later = []
@@ -530,6 +532,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         if not live:
             live, started = [new_request(started)], started + 1
     assert proposer.stats.finished > 0
+    assert proposer.slots.capacity > 2 or not first_capacity
     if h >= 1:
         assert proposer.stats.drafts > 0
     else:  # drafted only on the learning steps, never sent, and their chains taught the keep rates

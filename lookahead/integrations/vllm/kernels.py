@@ -3,6 +3,8 @@
 A request holds a slot `s` for its life in the proposer (rows move, slots do not). Per slot
 (allocated by `SlotBuffers` in the proposer, grown outside the kernels):
 
+    address     int64[S, 3]          # where slot s's tokens, prev and table lie (int32 arrays SlotBuffers holds)
+    token_capacity, table_capacity   # int64[S]: their lengths; _slot_arrays views them as tokens[s], prev[s], table[s]
     tokens[s]   int32[cap]           # the request's tokens as indexed (a TokenIndex's buffers, kernels.py's layout)
     prev[s]     int32[cap]
     table[s]    int32[cap_slots]
@@ -23,13 +25,16 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
 chain is drafted as `LookupDrafter.propose` drafts it, through the same index and trie
 kernels); sizing.rules.batch_sizes (batch_draft_sizes' kernel) then cuts the chains to the load
 rule and `commit` records the plans. tests/test_vllm.py checks both against the Python classes they follow.
+
+The arrays are passed by address, not as numba typed Lists: unboxing a List argument runs Python
+(its type's property, an unpickle), about 40 µs of every cold step (docs/vllm.md).
 """
 
 import math
 
 import numpy as np
-from numba import njit, types
-from numba.typed import List
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 from lookahead.drafter import MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.index import SEPARATOR
@@ -43,32 +48,38 @@ FIRST_REACH = 64  # LookupDrafter.first_reach
 PRIOR_WEIGHT = KeepRate.PRIOR_WEIGHT
 FADE = 0.9  # KeepRate's default fade
 MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this (KeepRate keeps every one)
-# An index tuple as kernels.py lays it out: (tokens, prev, table, n, min_ngram, max_ngram)
-INDEX_TUPLE = types.Tuple((types.int32[::1], types.int32[::1], types.int32[::1], types.int64, types.int64, types.int64))
 
 # advance's per-row status (out_status)
 NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
 
 
-def index_list(arrays=()):
-    """A numba typed List of int32 arrays (one per slot)."""
-    out = List.empty_list(types.int32[::1])
-    for a in arrays:
-        out.append(a)
-    return out
+@intrinsic
+def _int32s_at(typingctx, address):
+    # an address (int64) as an int32 pointer, for carray
+    pointer = types.CPointer(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+    return pointer(types.int64), codegen
 
 
-def store_list():
-    """A numba typed List of index tuples (INDEX_TUPLE), one per documents store."""
-    return List.empty_list(INDEX_TUPLE)
+@njit(cache=True, inline="always")
+def _slot_arrays(address, token_capacity, table_capacity, s):
+    """(tokens, prev, table) of slot s: views of the arrays at address[s] (alive while SlotBuffers holds them)."""
+    tokens = carray(_int32s_at(address[s, 0]), token_capacity[s])
+    prev = carray(_int32s_at(address[s, 1]), token_capacity[s])
+    return tokens, prev, carray(_int32s_at(address[s, 2]), table_capacity[s])
 
 
-@njit(cache=True)
-def set_slot(tokens, prev, table, s, slot_tokens, slot_prev, slot_table):
-    """Points slot s of the typed Lists at its (grown) arrays: one call, where each setitem from Python costs tens of µs."""
-    tokens[s] = slot_tokens
-    prev[s] = slot_prev
-    table[s] = slot_table
+@njit(cache=True, inline="always")
+def _document(doc_address, doc_shape, d):
+    # documents store d's index tuple: its arrays at doc_address[d];
+    # doc_shape[d] = (tokens' length, table's length, n, min_ngram, max_ngram)
+    tokens = carray(_int32s_at(doc_address[d, 0]), doc_shape[d, 0])
+    prev = carray(_int32s_at(doc_address[d, 1]), doc_shape[d, 0])
+    table = carray(_int32s_at(doc_address[d, 2]), doc_shape[d, 1])
+    return tokens, prev, table, doc_shape[d, 2], doc_shape[d, 3], doc_shape[d, 4]
 
 
 @njit(cache=True, inline="always")
@@ -139,9 +150,9 @@ def _index_to(tok, prv, tab, indexed, used, s, n, min_ngram, max_ngram):
 
 @njit(cache=True)
 def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,  # per row, and the load's bar
-            tokens, prev, table, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
+            address, token_capacity, table_capacity, copied, indexed, used, prompt_len, doc, last_token,  # per slot: the index
             keep, overall, plan_len, plan_size, plan_match, plan_pos, plan_ids, watch, watch_ids,  # per slot: learning
-            docs, memory, options, trie, ends, scratch,  # shared
+            doc_address, doc_shape, memory, options, trie, ends, scratch,  # shared
             out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos):  # results
     """One step over every row: learn from the tokens it wrote, count the drafts verified, index them, draft its chain.
 
@@ -193,8 +204,8 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
             plan_len[s] = -1
         if watch[s, 0, 0]:
             _settle(keep, overall, watch, watch_ids, s, row, n)
-        tok = tokens[s]
         if n > copied[s]:
+            tok = _slot_arrays(address, token_capacity, table_capacity, s)[0]
             for pos in range(copied[s], n):
                 tok[pos] = row[pos]
             copied[s] = n
@@ -219,7 +230,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
             if not pays:
                 continue
         drafted = True
-        tok, prv, tab = tokens[s], prev[s], table[s]
+        tok, prv, tab = _slot_arrays(address, token_capacity, table_capacity, s)
         _index_to(tok, prv, tab, indexed, used, s, n, min_ngram, max_ngram)
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
@@ -229,8 +240,9 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
         if match_len < max_ngram - 1:  # else no store's match can outweigh it
             query = tok[max(0, n - max_ngram) : n]
-            if doc[s] >= 0 and docs[doc[s]][3] > 0:
-                add_longest_match(docs[doc[s]], query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+            if doc[s] >= 0 and doc_shape[doc[s], 2] > 0:
+                add_longest_match(_document(doc_address, doc_shape, doc[s]), query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR),
+                                  trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
             if has_memory and memory[3] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
@@ -258,7 +270,7 @@ def _pending(rows_slot, num_tokens, room, indexed):
 
 
 @njit(cache=True, nogil=True)
-def index_rows(rows_slot, room, tokens, prev, table, copied, indexed, used, min_ngram, max_ngram):
+def index_rows(rows_slot, room, address, token_capacity, table_capacity, copied, indexed, used, min_ngram, max_ngram):
     """Indexes, for each row with room[r] > 0, its slot's copied tokens not yet indexed: what advance
     indexes when the row next drafts, done ahead, between steps (the proposer's BetweenSteps thread;
     nogil: it runs beside the engine's Python). room_and_growth sized those rows' tables for them.
@@ -266,7 +278,8 @@ def index_rows(rows_slot, room, tokens, prev, table, copied, indexed, used, min_
     for r in range(rows_slot.shape[0]):
         if room[r] > 0:
             s = rows_slot[r]
-            _index_to(tokens[s], prev[s], table[s], indexed, used, s, copied[s], min_ngram, max_ngram)
+            tok, prv, tab = _slot_arrays(address, token_capacity, table_capacity, s)
+            _index_to(tok, prv, tab, indexed, used, s, copied[s], min_ngram, max_ngram)
 
 
 @njit(cache=True)

@@ -75,10 +75,7 @@ class SlotBuffers:
     def __init__(self, slots: int, num_draft_tokens: int, min_ngram: int, max_ngram: int):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.k = num_draft_tokens
-        self.tokens = kernels.index_list()  # (slot,) int32[cap]: numba typed Lists, mirrored in _arrays for Python reads
-        self.prev = kernels.index_list()
-        self.table = kernels.index_list()
-        self._arrays: list = []  # (slot,) [tokens, prev, table]
+        self._arrays: list = []  # (slot,) [tokens, prev, table]: the arrays the kernels reach at `address`, kept alive here
         self.capacity = 0
         self._free: list[int] = []
         self._grow_slots(slots)
@@ -93,6 +90,7 @@ class SlotBuffers:
                 array[:old] = getattr(self, name)
             setattr(self, name, array)
 
+        grown("address", (3,), np.int64, 0)  # where _arrays[s] lie
         grown("copied", (), np.int64, 0)  # tokens copied from the row: tokens[s][:copied[s]]
         grown("indexed", (), np.int64, 0)  # of those, indexed
         grown("used", (), np.int64, 0)
@@ -111,13 +109,10 @@ class SlotBuffers:
         grown("watch_ids", (w, k), np.int32, 0)
         grown("token_capacity", (), np.int64, MIN_TOKENS)  # tokens[s].shape[0]
         grown("table_capacity", (), np.int64, MIN_SLOTS)  # table[s].shape[0]
-        for _ in range(old, slots):
-            arrays = [np.zeros(MIN_TOKENS, dtype=np.int32), np.zeros(MIN_TOKENS, dtype=np.int32),
-                      np.full(MIN_SLOTS, EMPTY, dtype=np.int32)]
-            self._arrays.append(arrays)
-            self.tokens.append(arrays[0])
-            self.prev.append(arrays[1])
-            self.table.append(arrays[2])
+        for s in range(old, slots):
+            self._arrays.append([np.zeros(MIN_TOKENS, dtype=np.int32), np.zeros(MIN_TOKENS, dtype=np.int32),
+                                 np.full(MIN_SLOTS, EMPTY, dtype=np.int32)])
+            self._point(s)
         self._free.extend(range(slots - 1, old - 1, -1))
         self.capacity = slots
 
@@ -134,6 +129,10 @@ class SlotBuffers:
         self.watch[s, 0, 0] = 0
         self._arrays[s][2].fill(EMPTY)
         return s
+
+    def _point(self, s: int) -> None:
+        # the kernels reach slot s's arrays by their addresses (kernels._slot_arrays): set whenever they are replaced
+        self.address[s] = [array.ctypes.data for array in self._arrays[s]]
 
     def free(self, s: int) -> None:
         self._free.append(s)
@@ -162,7 +161,7 @@ class SlotBuffers:
                     self.used[s] = rehash(arrays[0], arrays[2], table)
                 arrays[2] = table
                 self.table_capacity[s] = capacity
-            kernels.set_slot(self.tokens, self.prev, self.table, s, *arrays)  # (a typed List's own setitem: ~25 us each)
+            self._point(s)
 
 
 class BetweenSteps:
@@ -249,9 +248,11 @@ class LookupProposer:
         self.slots = SlotBuffers(2 * max_num_seqs, k, min_ngram, max_ngram)
         self.requests: dict = {}  # request id (or content key) -> slot
         self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        self._docs = kernels.store_list()  # documents stores the requests consult (INDEX_TUPLE each)
-        self._doc_ids: dict = {}  # id(store) -> its place in _docs
-        self._doc_stores: list = []  # the stores themselves, kept alive
+        # documents stores the requests consult, as the kernels reach them (kernels._document):
+        self._doc_address = np.zeros((0, 3), dtype=np.int64)  # (doc, 3) where its index's tokens, prev, table lie
+        self._doc_shape = np.zeros((0, 5), dtype=np.int64)  # (doc, 5) their lengths (tokens', table's), n, min_ngram, max_ngram
+        self._doc_ids: dict = {}  # id(store) -> its doc
+        self._doc_stores: list = []  # (store, its index's arrays): kept alive
         # the kernels' shared buffers, allocated once:
         nodes = 1 + (kernels.CHAIN_WALK[0] + kernels.CHAIN_WALK[1] + 4) * k
         eos = np.fromiter(sorted(as_id_set(self.eos_token_id)), dtype=np.int64)
@@ -328,12 +329,10 @@ class LookupProposer:
         tokens[0, 5] = 3
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
         slots = probe.slots
-        kernels.set_slot(slots.tokens, slots.prev, slots.table, 0, *slots._arrays[0])  # SlotBuffers.reserve's
         row = np.zeros(1, dtype=np.int64)  # (a row without room: nothing indexed)
-        kernels.index_rows(row, row, slots.tokens, slots.prev, slots.table, slots.copied, slots.indexed, slots.used,
-                           slots.min_ngram, slots.max_ngram)  # the thread's, compiled here and not mid-serving
-        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.set_slot.signatures
-                and kernels.index_rows.signatures):
+        kernels.index_rows(row, row, slots.address, slots.token_capacity, slots.table_capacity, slots.copied, slots.indexed,
+                           slots.used, slots.min_ngram, slots.max_ngram)  # the thread's, compiled here and not mid-serving
+        if not (kernels.advance.signatures and kernels.commit.signatures and kernels.index_rows.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs) -> list[list[int]]:
@@ -389,9 +388,9 @@ class LookupProposer:
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting, counted, pending = kernels.advance(
                 slots, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,
-                s.tokens, s.prev, s.table, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
+                s.address, s.token_capacity, s.table_capacity, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
                 s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
-                self._docs, memory_index, self._options, self._trie, self._ends, self._scratch,
+                self._doc_address, self._doc_shape, memory_index, self._options, self._trie, self._ends, self._scratch,
                 self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status,
                 self._counts, self._per_pos)
         accepted = self.stats.accepted_tokens
@@ -431,7 +430,7 @@ class LookupProposer:
         if self._finished:
             self._file_finished()
         if pending >= INDEX_AHEAD:  # what the rows that did not draft would index when they next draft
-            self._between(kernels.index_rows, slots, room, s.tokens, s.prev, s.table, s.copied, s.indexed, s.used,
+            self._between(kernels.index_rows, slots, room, s.address, s.token_capacity, s.table_capacity, s.copied, s.indexed, s.used,
                           s.min_ngram, s.max_ngram)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
@@ -506,15 +505,17 @@ class LookupProposer:
         return slots, joined
 
     def _doc_of(self, store) -> int:
-        """The place in _docs of a request's documents store (-1: none)."""
+        """The doc (kernels._document) of a request's documents store (-1: none)."""
         if store is None or not len(store):
             return -1
         doc = self._doc_ids.get(id(store))
         if doc is None:
             doc = self._doc_ids[id(store)] = len(self._doc_stores)
-            self._doc_stores.append(store)
             with store.reading() as index:  # a documents store is not added to once loaded
-                self._docs.append(index)
+                tokens, prev, table, n, min_ngram, max_ngram = index
+            self._doc_stores.append((store, index))
+            self._doc_address = np.vstack([self._doc_address, [[a.ctypes.data for a in (tokens, prev, table)]]])
+            self._doc_shape = np.vstack([self._doc_shape, [[len(tokens), len(table), n, min_ngram, max_ngram]]])
         return doc
 
     def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
