@@ -430,8 +430,8 @@ class LookupProposer:
         if self._finished:
             self._file_finished()
         if pending >= INDEX_AHEAD:  # what the rows that did not draft would index when they next draft
-            self._between(kernels.index_rows, slots, room, s.address, s.token_capacity, s.table_capacity, s.copied, s.indexed, s.used,
-                          s.min_ngram, s.max_ngram)
+            self._between(kernels.index_rows, slots, room, s.address, s.token_capacity, s.table_capacity, s.copied,
+                          s.indexed, s.used, s.min_ngram, s.max_ngram)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
