@@ -11,11 +11,12 @@ examples/vllm_serving.py accepts them); a finished request is replaced by the ne
 once (continuous batching); between steps the "forward" sleeps --forward-ms (releasing the
 GIL, as a model's forward does: the proposer files finished requests into its memory and
 indexes the rows' new tokens on a thread meanwhile, timed apart as "thread"), then, with
---forward-mb M, reads and writes M MB (a forward's memory traffic, which leaves the proposer's data and Python's own out of the
-caches: the serving bench's forward at 64 rows moves about 165 MB, its output layer's 131 MB
-of weights and 33 MB of logits; docs/vllm.md has what that costs a step). Printed per row count: the median and mean wall
-time of `propose` per step (after a warm-up of --warm steps), its microseconds per row, the
-proposer's thread's time per step, and the drafted and accepted tokens, for four load rules:
+--forward-mb M, reads and writes M MB (a forward's memory traffic, which leaves the proposer's
+data and Python's own out of the caches: the serving bench's forward at 64 rows moves about 165
+MB, its output layer's 131 MB of weights and 33 MB of logits; docs/vllm.md has what that costs a
+step). Printed per row count: the median and mean wall time of `propose` per step (after a
+warm-up of --warm steps), its microseconds per row, the proposer's thread's time per step, and
+the drafted and accepted tokens, for four load rules:
 
 - `draft-all`: cost_aware=False, every chain sent whole (the most work a step does);
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);

@@ -182,6 +182,17 @@ def test_between_steps_runs_the_calls_in_order_and_raises_their_error_at_the_nex
     worker.wait()  # the error is raised once
 
 
+def test_the_kernels_take_addresses_only_of_contiguous_int32_arrays():
+    from lookahead.integrations.vllm import kernels
+
+    tokens, table = np.zeros(8, dtype=np.int32), np.zeros(16, dtype=np.int32)
+    assert kernels.addresses(tokens, tokens, table) == [tokens.ctypes.data, tokens.ctypes.data, table.ctypes.data]
+    with pytest.raises(TypeError, match="contiguous int32"):
+        kernels.addresses(tokens, tokens, table.astype(np.int64))
+    with pytest.raises(TypeError, match="contiguous int32"):
+        kernels.addresses(tokens, np.zeros(16, dtype=np.int32)[::2], table)
+
+
 def test_memory_off_drafts_only_from_the_request():
     proposer = new_proposer(memory=False)
     runner = FakeRunner(proposer)

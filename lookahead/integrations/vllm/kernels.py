@@ -4,7 +4,7 @@ A request holds a slot `s` for its life in the proposer (rows move, slots do not
 (allocated by `SlotBuffers` in the proposer, grown outside the kernels):
 
     address     int64[S, 3]          # where slot s's tokens, prev and table lie (int32 arrays SlotBuffers holds)
-    token_capacity, table_capacity   # int64[S]: their lengths; _slot_arrays views them as tokens[s], prev[s], table[s]
+    token_capacity, table_capacity   # int64[S]: their lengths; _arrays_at views them as tokens[s], prev[s], table[s]
     tokens[s]   int32[cap]           # the request's tokens as indexed (a TokenIndex's buffers, kernels.py's layout)
     prev[s]     int32[cap]
     table[s]    int32[cap_slots]
@@ -64,22 +64,21 @@ def _int32s_at(typingctx, address):
     return pointer(types.int64), codegen
 
 
-@njit(cache=True, inline="always")
-def _slot_arrays(address, token_capacity, table_capacity, s):
-    """(tokens, prev, table) of slot s: views of the arrays at address[s] (alive while SlotBuffers holds them)."""
-    tokens = carray(_int32s_at(address[s, 0]), token_capacity[s])
-    prev = carray(_int32s_at(address[s, 1]), token_capacity[s])
-    return tokens, prev, carray(_int32s_at(address[s, 2]), table_capacity[s])
+def addresses(tokens, prev, table) -> list[int]:
+    """Where an index's three arrays lie (a row of `address`, or of the proposer's documents'), for _arrays_at:
+    int32 and contiguous, as the kernels read them. The caller keeps the arrays alive while the row names them."""
+    for array in (tokens, prev, table):
+        if array.dtype != np.int32 or not array.flags.c_contiguous:
+            raise TypeError(f"an index array must be contiguous int32, got {array.dtype} (contiguous: {array.flags.c_contiguous})")
+    return [tokens.ctypes.data, prev.ctypes.data, table.ctypes.data]
 
 
 @njit(cache=True, inline="always")
-def _document(doc_address, doc_shape, d):
-    # documents store d's index tuple: its arrays at doc_address[d];
-    # doc_shape[d] = (tokens' length, table's length, n, min_ngram, max_ngram)
-    tokens = carray(_int32s_at(doc_address[d, 0]), doc_shape[d, 0])
-    prev = carray(_int32s_at(doc_address[d, 1]), doc_shape[d, 0])
-    table = carray(_int32s_at(doc_address[d, 2]), doc_shape[d, 1])
-    return tokens, prev, table, doc_shape[d, 2], doc_shape[d, 3], doc_shape[d, 4]
+def _arrays_at(address, i, token_len, table_len):
+    """(tokens, prev, table): views of the arrays at address[i] (see `addresses`)."""
+    tokens = carray(_int32s_at(address[i, 0]), token_len)
+    prev = carray(_int32s_at(address[i, 1]), token_len)
+    return tokens, prev, carray(_int32s_at(address[i, 2]), table_len)
 
 
 @njit(cache=True, inline="always")
@@ -205,7 +204,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
         if watch[s, 0, 0]:
             _settle(keep, overall, watch, watch_ids, s, row, n)
         if n > copied[s]:
-            tok = _slot_arrays(address, token_capacity, table_capacity, s)[0]
+            tok = _arrays_at(address, s, token_capacity[s], table_capacity[s])[0]
             for pos in range(copied[s], n):
                 tok[pos] = row[pos]
             copied[s] = n
@@ -230,7 +229,7 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
             if not pays:
                 continue
         drafted = True
-        tok, prv, tab = _slot_arrays(address, token_capacity, table_capacity, s)
+        tok, prv, tab = _arrays_at(address, s, token_capacity[s], table_capacity[s])
         _index_to(tok, prv, tab, indexed, used, s, n, min_ngram, max_ngram)
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
@@ -240,9 +239,11 @@ def advance(rows_slot, num_tokens, num_sampled, verified, theirs, room, bar, for
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
         if match_len < max_ngram - 1:  # else no store's match can outweigh it
             query = tok[max(0, n - max_ngram) : n]
-            if doc[s] >= 0 and doc_shape[doc[s], 2] > 0:
-                add_longest_match(_document(doc_address, doc_shape, doc[s]), query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR),
-                                  trie, count, ends, scratch)
+            d = doc[s]
+            if d >= 0 and doc_shape[d, 2] > 0:  # doc_shape[d] = (tokens' length, table's length, n, min_ngram, max_ngram)
+                document = _arrays_at(doc_address, d, doc_shape[d, 0], doc_shape[d, 1]) + (doc_shape[d, 2], doc_shape[d, 3],
+                                                                                           doc_shape[d, 4])
+                add_longest_match(document, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
             if has_memory and memory[3] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
@@ -278,7 +279,7 @@ def index_rows(rows_slot, room, address, token_capacity, table_capacity, copied,
     for r in range(rows_slot.shape[0]):
         if room[r] > 0:
             s = rows_slot[r]
-            tok, prv, tab = _slot_arrays(address, token_capacity, table_capacity, s)
+            tok, prv, tab = _arrays_at(address, s, token_capacity[s], table_capacity[s])
             _index_to(tok, prv, tab, indexed, used, s, copied[s], min_ngram, max_ngram)
 
 

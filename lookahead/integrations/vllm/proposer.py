@@ -131,8 +131,8 @@ class SlotBuffers:
         return s
 
     def _point(self, s: int) -> None:
-        # the kernels reach slot s's arrays by their addresses (kernels._slot_arrays): set whenever they are replaced
-        self.address[s] = [array.ctypes.data for array in self._arrays[s]]
+        # the kernels reach slot s's arrays by their addresses (kernels._arrays_at): set whenever they are replaced
+        self.address[s] = kernels.addresses(*self._arrays[s])
 
     def free(self, s: int) -> None:
         self._free.append(s)
@@ -248,7 +248,7 @@ class LookupProposer:
         self.slots = SlotBuffers(2 * max_num_seqs, k, min_ngram, max_ngram)
         self.requests: dict = {}  # request id (or content key) -> slot
         self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        # documents stores the requests consult, as the kernels reach them (kernels._document):
+        # documents stores the requests consult, as the kernels reach them (kernels.addresses):
         self._doc_address = np.zeros((0, 3), dtype=np.int64)  # (doc, 3) where its index's tokens, prev, table lie
         self._doc_shape = np.zeros((0, 5), dtype=np.int64)  # (doc, 5) their lengths (tokens', table's), n, min_ngram, max_ngram
         self._doc_ids: dict = {}  # id(store) -> its doc
@@ -505,7 +505,7 @@ class LookupProposer:
         return slots, joined
 
     def _doc_of(self, store) -> int:
-        """The doc (kernels._document) of a request's documents store (-1: none)."""
+        """The doc (a row of _doc_address) of a request's documents store (-1: none)."""
         if store is None or not len(store):
             return -1
         doc = self._doc_ids.get(id(store))
@@ -514,7 +514,7 @@ class LookupProposer:
             with store.reading() as index:  # a documents store is not added to once loaded
                 tokens, prev, table, n, min_ngram, max_ngram = index
             self._doc_stores.append((store, index))
-            self._doc_address = np.vstack([self._doc_address, [[a.ctypes.data for a in (tokens, prev, table)]]])
+            self._doc_address = np.vstack([self._doc_address, [kernels.addresses(tokens, prev, table)]])
             self._doc_shape = np.vstack([self._doc_shape, [[len(tokens), len(table), n, min_ngram, max_ngram]]])
         return doc
 
