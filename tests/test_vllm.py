@@ -182,6 +182,27 @@ def test_between_steps_runs_the_calls_in_order_and_raises_their_error_at_the_nex
     worker.wait()  # the error is raised once
 
 
+def test_a_call_queued_between_steps_keeps_the_slots_it_indexes_alive(monkeypatch):
+    """The kernels reach a slot's arrays by address: a queued index_rows must hold them even once the proposer is gone."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)
+    proposer, queued = new_proposer(cost_aware=True, fixed_cost_tokens=1.0), []
+    proposer.cost = SimpleNamespace(fixed_cost_tokens=0.001, draft_cost_tokens=0.0)  # no chance clears the bar: rows
+    runner = FakeRunner(proposer)  # draft (and index) only on learning steps, and leave their tokens to the thread
+    proposer._worker = SimpleNamespace(submit=lambda fn, *args: queued.append((fn, args)), wait=lambda: None)
+    runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14]), ("b", [30, 31], [32])], [[14], [32]])
+    runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14, 15]), ("b", [30, 31], [32, 33])], [[15], [33]])
+    assert queued, "no indexing was handed to the thread"
+    slots = weakref.ref(proposer.slots)
+    del proposer, runner
+    gc.collect()
+    assert slots() is not None
+    for fn, args in queued:
+        fn(*args)
+
+
 def test_the_kernels_take_addresses_only_of_contiguous_int32_arrays():
     from lookahead.integrations.vllm import kernels
 

@@ -137,6 +137,12 @@ class SlotBuffers:
     def free(self, s: int) -> None:
         self._free.append(s)
 
+    def index_rows(self, rows_slot: np.ndarray, room: np.ndarray) -> None:
+        """kernels.index_rows over these slots. A call queued for the proposer's thread holds this object, and so
+        the arrays the kernel reaches by address, alive until it has run (the proposer may be gone by then)."""
+        kernels.index_rows(rows_slot, room, self.address, self.token_capacity, self.table_capacity, self.copied,
+                           self.indexed, self.used, self.min_ngram, self.max_ngram)
+
     def tokens_of(self, s: int) -> np.ndarray:
         """The slot's copied tokens (a view)."""
         return self._arrays[s][0][: self.copied[s]]
@@ -328,10 +334,8 @@ class LookupProposer:
         probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
         tokens[0, 5] = 3
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
-        slots = probe.slots
         row = np.zeros(1, dtype=np.int64)  # (a row without room: nothing indexed)
-        kernels.index_rows(row, row, slots.address, slots.token_capacity, slots.table_capacity, slots.copied, slots.indexed,
-                           slots.used, slots.min_ngram, slots.max_ngram)  # the thread's, compiled here and not mid-serving
+        probe.slots.index_rows(row, row)  # the thread's kernel, compiled here and not mid-serving
         if not (kernels.advance.signatures and kernels.commit.signatures and kernels.index_rows.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
@@ -430,8 +434,7 @@ class LookupProposer:
         if self._finished:
             self._file_finished()
         if pending >= INDEX_AHEAD:  # what the rows that did not draft would index when they next draft
-            self._between(kernels.index_rows, slots, room, s.address, s.token_capacity, s.table_capacity, s.copied,
-                          s.indexed, s.used, s.min_ngram, s.max_ngram)
+            self._between(s.index_rows, slots, room)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
