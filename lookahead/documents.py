@@ -104,18 +104,26 @@ class DocumentLibrary:
                 hits[doc] = hits.get(doc, 0) + 1
         return sorted(hits, key=lambda doc: (-hits[doc], doc))[: self.max_documents]
 
+    def selection(self, prompt_ids) -> tuple[int, ...]:
+        """The documents a request with this prompt consults, as a key: all of a small library
+        (select_above_tokens or fewer tokens), else `select`'s; () for none."""
+        if self.num_tokens <= self.select_above_tokens:
+            return tuple(range(len(self.documents)))
+        return tuple(self.select(prompt_ids))
+
     def store_for(self, prompt_ids, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> TokenStore | None:
         """A TokenStore of the documents relevant to a request (all of them in a small library); None if none."""
         if not self.documents:
             return None
         if self.num_tokens <= self.select_above_tokens:
             if self._everything is None:
-                self._everything = self._store(range(len(self.documents)), min_ngram, max_ngram)
+                self._everything = self.store_of(range(len(self.documents)), min_ngram=min_ngram, max_ngram=max_ngram)
             return self._everything
         chosen = self.select(prompt_ids)
-        return self._store(chosen, min_ngram, max_ngram) if chosen else None
+        return self.store_of(chosen, min_ngram=min_ngram, max_ngram=max_ngram) if chosen else None
 
-    def _store(self, docs, min_ngram: int, max_ngram: int) -> TokenStore:
+    def store_of(self, docs, *, min_ngram: int = DEFAULT_MIN_NGRAM, max_ngram: int = DEFAULT_MAX_NGRAM) -> TokenStore:
+        """A new TokenStore of these documents (indices, in this order). Cost: O(their tokens)."""
         total = sum(self.documents[d].size + 1 for d in docs)
         store = TokenStore(max_tokens=max(16, total), min_ngram=min_ngram, max_ngram=max_ngram)
         for d in docs:
@@ -124,7 +132,7 @@ class DocumentLibrary:
 
     def save(self, path) -> None:
         """Writes the documents (in TokenStore's file format, atomically; the automaton is rebuilt on load)."""
-        self._store(range(len(self.documents)), 1, 1).write_file(path, kind="DocumentLibrary")
+        self.store_of(range(len(self.documents)), min_ngram=1, max_ngram=1).write_file(path, kind="DocumentLibrary")
 
     @classmethod
     def load(cls, path, **kwargs) -> "DocumentLibrary":

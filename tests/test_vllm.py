@@ -28,7 +28,7 @@ from lookahead.sizing.cost import LineCost
 from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
-from lookahead.integrations.vllm import kernels
+from lookahead.engine import kernels
 from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.integrations.vllm.proposer as proposer_module
@@ -183,13 +183,13 @@ def test_between_steps_runs_the_calls_in_order_and_raises_their_error_at_the_nex
 
 
 def test_a_call_queued_between_steps_keeps_the_slots_it_indexes_alive(monkeypatch):
-    """The kernels reach a slot's arrays by address: a queued index_rows must hold them even once the proposer is gone."""
+    """A queued index_rows holds the slots it indexes, and so their arrays, even once the proposer is gone."""
     import gc
     import weakref
 
     monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)
     proposer, queued = new_proposer(cost_aware=True, fixed_cost_tokens=1.0), []
-    proposer.cost = SimpleNamespace(fixed_cost_tokens=0.001, draft_cost_tokens=0.0)  # no chance clears the bar: rows
+    proposer.cost = SimpleNamespace(fixed_cost_tokens=0.001, draft_cost_tokens=0.0, wants_plain_step=lambda: False)  # no chance clears the bar: rows
     runner = FakeRunner(proposer)  # draft (and index) only on learning steps, and leave their tokens to the thread
     proposer._worker = SimpleNamespace(submit=lambda fn, *args: queued.append((fn, args)), wait=lambda: None)
     runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14]), ("b", [30, 31], [32])], [[14], [32]])
@@ -201,17 +201,6 @@ def test_a_call_queued_between_steps_keeps_the_slots_it_indexes_alive(monkeypatc
     assert slots() is not None
     for fn, args in queued:
         fn(*args)
-
-
-def test_the_kernels_take_addresses_only_of_contiguous_int32_arrays():
-    from lookahead.integrations.vllm import kernels
-
-    tokens, table = np.zeros(8, dtype=np.int32), np.zeros(16, dtype=np.int32)
-    assert kernels.addresses(tokens, tokens, table) == [tokens.ctypes.data, tokens.ctypes.data, table.ctypes.data]
-    with pytest.raises(TypeError, match="contiguous int32"):
-        kernels.addresses(tokens, tokens, table.astype(np.int64))
-    with pytest.raises(TypeError, match="contiguous int32"):
-        kernels.addresses(tokens, np.zeros(16, dtype=np.int32)[::2], table)
 
 
 def test_memory_off_drafts_only_from_the_request():
@@ -505,8 +494,8 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
     """Drafts, sizes and what the keep rates learn, over rows that finish, are replaced and condense, under a
     step cost with and without D (with it, drafts withheld by worth_sending, their chains watched) and one where
     no chance clears the bar; with first_capacity, slots start at that many tokens and table slots, so they grow
-    (and rehash) as the rows do, and two slots, so that more are added (the kernels reach every slot's arrays by
-    address); with index_ahead, the rows' new tokens are indexed between steps from that many."""
+    (and rehash, and the arena that holds them grows and compacts) as the rows do, and two slots, so that more are
+    added; with index_ahead, the rows' new tokens are indexed between steps from that many."""
     if index_ahead is not None:
         monkeypatch.setattr(proposer_module, "INDEX_AHEAD", index_ahead)
     if first_capacity is not None:
@@ -515,7 +504,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
     rng = random.Random(seed)
     k, max_model_len = 4, 200
     h, d = STEP_COSTS[seed]
-    cost = SimpleNamespace(fixed_cost_tokens=h, draft_cost_tokens=d)  # h and d, as load.DraftStepCost learns them
+    cost = SimpleNamespace(fixed_cost_tokens=h, draft_cost_tokens=d, wants_plain_step=lambda: False)  # h and d, as load.DraftStepCost learns them
     proposer = LookupProposer(fake_config(k=k, max_model_len=max_model_len, max_num_seqs=1 if first_capacity else 4,
                                           fixed_cost_tokens=max(h, 1.0)))  # cost replaced below
     proposer.cost = cost
@@ -663,7 +652,7 @@ def test_load_rule_follows_measured_acceptance():
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
         slot = proposer.requests["a"]
-        chain = proposer.slots.plan_ids[slot, : proposer.slots.plan_len[slot]].tolist()  # the pending chain
+        chain = proposer.slots.plan_ids[slot, : proposer.slots.cols[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
     assert long_draft >= 6 and first == []
@@ -855,6 +844,109 @@ def test_memory_and_documents_load_from_files(tmp_path):
     proposer = new_proposer(memory_path=str(tmp_path / "memory.npz"), documents_path=str(tmp_path / "documents.npz"))
     runner = FakeRunner(proposer)
     assert runner.step(proposer, [("a", [1, 10], [11]), ("b", [5, 61], [62])], [[11], [62]]) == [[12], [63]]
+
+
+def large_library(tmp_path, documents=400, length=100, seed=0):
+    """A DocumentLibrary file above select_above_tokens (each request then consults the documents its prompt
+    shares runs with): `documents` random documents of `length` tokens, and the documents themselves."""
+    from lookahead import DocumentLibrary
+
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(100, 5000, size=length).tolist() for _ in range(documents)]
+    library = DocumentLibrary()
+    for doc in docs:
+        library.add(doc)
+    assert library.num_tokens > library.select_above_tokens
+    library.save(tmp_path / "documents.npz")
+    return str(tmp_path / "documents.npz"), docs
+
+
+def serve(proposer, runner, docs, requests, first=0, rows=4):
+    """Serves `requests` requests, `rows` at a time, each prompted with 30 tokens of a document and
+    finishing after two steps (its second step writes the document's next token)."""
+    live = {}
+    for i in range(first, first + requests + 1):
+        if i < first + requests:
+            doc = docs[i % len(docs)]
+            live[f"q{i}"] = (doc[:30], [doc[30]])
+        if len(live) == rows or i == first + requests:
+            for _ in range(2):
+                batch = [(key, prompt, output) for key, (prompt, output) in live.items()]
+                runner.step(proposer, batch, [output[-1:] for _, _, output in batch])
+                for key, (prompt, output) in live.items():
+                    output.append(docs[int(key[1:]) % len(docs)][len(prompt) + len(output)])
+            live = {}
+
+
+def test_requests_draft_from_the_documents_their_prompt_selects(tmp_path):
+    path, docs = large_library(tmp_path)
+    proposer = new_proposer(documents_path=path, memory=False)
+    runner = FakeRunner(proposer)
+    rows = [(f"q{i}", [1, 2] + docs[i][10:30], [docs[i][30]]) for i in (3, 250)]
+    assert runner.step(proposer, rows, [[docs[3][30]], [docs[250][30]]]) == [docs[3][31:35], docs[250][31:35]]
+    assert proposer.document_stores.live == 2  # one store each: they select different documents
+    runner.step(proposer, [("q9", [7], [8])], [[8]])  # both finished: their stores went with them
+    assert proposer.document_stores.live == 0
+
+
+def test_serving_memory_stays_bounded_over_many_requests(tmp_path):
+    """A proposer that served ten times more requests against a large library holds the memory it held before
+    (within 10%): a request's slot and documents store go with it (memory off: the store grows to its cap)."""
+    import gc
+    import tracemalloc
+
+    path, docs = large_library(tmp_path)
+    proposer = new_proposer(documents_path=path, memory=False)
+    runner = FakeRunner(proposer)
+    serve(proposer, runner, docs, 40)  # allocations made once (kernels' buffers, the first slots) are behind us
+    tracemalloc.start()
+    try:
+        serve(proposer, runner, docs, 60, first=40)
+        gc.collect()
+        after_100 = tracemalloc.get_traced_memory()[0]
+        serve(proposer, runner, docs, 900, first=100)
+        gc.collect()
+        after_1000 = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert proposer.stats.finished >= 999
+    assert after_1000 <= 1.1 * after_100 + 64 * 1024, (after_100, after_1000)
+
+
+def test_close_joins_the_proposers_threads_and_refuses_later_steps(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)  # index between steps: the thread starts
+    proposer = new_proposer(stats_path=str(tmp_path / "stats.json"))
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    runner.step(proposer, [("b", B, [20])], [[20]])  # "a" finished: filed into memory on the thread
+    threads = [proposer._worker._thread, proposer._stats_file._thread]
+    assert all(t in threading.enumerate() for t in threads)
+    proposer.close()
+    assert not any(t.is_alive() for t in threads)
+    assert len(proposer.memory) > 0 and json.loads((tmp_path / "stats.json").read_text())["finished"] == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.step(proposer, [("b", B, [20, 21])], [[21]])
+    with new_proposer() as other:  # a context manager closes it too
+        FakeRunner(other).step(other, [("c", C, [40])], [[40]])
+    assert other._closed and not other._worker.alive
+
+
+def test_a_collected_proposer_joins_its_thread(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)
+    proposer = new_proposer()
+    runner = FakeRunner(proposer)
+    runner.step(proposer, [("a", A, [5])], [[5]])
+    runner.step(proposer, [("b", B, [20])], [[20]])  # "a" finished: filed into memory on the thread
+    worker = proposer._worker
+    assert worker.alive
+    del runner
+    del proposer
+    gc.collect()
+    assert not worker.alive
 
 
 def test_engine_args_without_vllm_names_the_install(monkeypatch):

@@ -28,12 +28,21 @@ on their own, one in about ten steps is sent without (`wants_plain_step`).
 
 import numpy as np
 
-from lookahead.sizing.cost import FIXED_COST_BOUNDS, fixed_cost_tokens_of
+from lookahead.sizing.cost import FIXED_COST_BOUNDS, LineCost, fixed_cost_tokens_of
 
 DRAFT_COST_BOUNDS = (0.0, 4096.0)
 DRAFT_PRIOR_SHARE = 0.05  # the D = 0 penalty, as a share of the line's
 MIN_GAIN = 0.05  # drafts are sent only where the line expects them to raise the step's tokens per second by this share
 PLAIN_SHARE = 0.1  # below this share of (faded) steps without drafts, D cannot be told from F: a step goes without
+
+
+class FixedStepCost(LineCost):
+    """The `fixed_cost_tokens` option's step cost: h as told, d = 0, nothing measured (DraftStepCost's reads)."""
+
+    draft_cost_tokens = 0.0
+
+    def wants_plain_step(self) -> bool:
+        return False
 
 
 class DraftStepCost:

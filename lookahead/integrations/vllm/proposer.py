@@ -18,7 +18,7 @@ requests), so state is keyed by request, never by row:
   (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
   without us) is neither counted nor taught to the sizer, and one vLLM made itself (its
   placeholders, its zeros) is counted, as its metrics count it, and taught nothing (`_verified`).
-- per request: a slot of `SlotBuffers` (its tokens, index, keep rate per anchor length, last
+- per request: a slot of `engine.slots.Slots` (its tokens, index, keep rate per anchor length, last
   plan), walked for all rows at once by kernels.advance, which does what lookahead.request.Request
   and LookupDrafter do for one. All requests share one bounded TokenStore (memory: each finished
   request is added to it) and an optional DocumentLibrary.
@@ -33,23 +33,26 @@ vLLM is not imported here: it builds this class and hands it plain arrays.
 """
 
 import contextlib
-import queue
 import sys
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
+from lookahead.engine import kernels
+from lookahead.engine.between_steps import BetweenSteps
+from lookahead.engine.documents import DocumentStores
+from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
+from lookahead.engine.slots import GROWTH, MAX_LOAD, Slots
 from lookahead.index import TokenIndex, as_id_set
-from lookahead.index.kernels import EMPTY, MAX_NGRAM, rehash
-from lookahead.integrations.vllm import kernels
+from lookahead.index.kernels import MAX_NGRAM
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
-from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
-from lookahead.sizing.cost import LineCost
+from lookahead.integrations.vllm.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
@@ -58,161 +61,7 @@ LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (
 INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps: a hand-off at every step cost c=16's steps 0.04 ms
                   # where little waits (docs/vllm.md, "indexing between steps"); a new request's prompt is hundreds
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
-_GROWTH = 1.5  # a slot's buffers grow by this factor (TokenIndex's)
-_MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
 MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (tests start them smaller to make slots grow)
-
-
-class SlotBuffers:
-    """Per-request state for the kernels, one slot per live request (layout in kernels.py); grown here, never in a kernel.
-
-    Args:
-        slots: slots allocated up front (more are added by doubling).
-        num_draft_tokens: K, the longest chain (plan_ids' width).
-        max_ngram: the index's longest gram (the keep rate's lengths 0..max_ngram).
-    """
-
-    def __init__(self, slots: int, num_draft_tokens: int, min_ngram: int, max_ngram: int):
-        self.min_ngram, self.max_ngram = min_ngram, max_ngram
-        self.k = num_draft_tokens
-        self._arrays: list = []  # (slot,) [tokens, prev, table]: the arrays the kernels reach at `address`, kept alive here
-        self.capacity = 0
-        self._free: list[int] = []
-        self._grow_slots(slots)
-
-    def _grow_slots(self, slots: int) -> None:
-        old = self.capacity
-        m, k, w = self.max_ngram + 1, self.k, kernels.MAX_WATCHED
-
-        def grown(name, shape, dtype, fill):
-            array = np.full((slots, *shape), fill, dtype=dtype)
-            if old:
-                array[:old] = getattr(self, name)
-            setattr(self, name, array)
-
-        grown("address", (3,), np.int64, 0)  # where _arrays[s] lie
-        grown("copied", (), np.int64, 0)  # tokens copied from the row: tokens[s][:copied[s]]
-        grown("indexed", (), np.int64, 0)  # of those, indexed
-        grown("used", (), np.int64, 0)
-        grown("prompt_len", (), np.int64, 0)
-        grown("doc", (), np.int64, -1)
-        grown("last_token", (), np.int64, -1)  # tokens[s][copied[s] - 1], for the reused-id check
-        grown("first_token", (), np.int64, -1)
-        grown("keep", (m, 2), np.float64, 0.0)
-        grown("overall", (2,), np.float64, 1.0)
-        grown("plan_len", (), np.int64, -1)
-        grown("plan_size", (), np.int64, 0)
-        grown("plan_match", (), np.int64, 0)
-        grown("plan_pos", (), np.int64, 0)
-        grown("plan_ids", (k,), np.int32, 0)
-        grown("watch", (w, 5), np.int64, 0)
-        grown("watch_ids", (w, k), np.int32, 0)
-        grown("token_capacity", (), np.int64, MIN_TOKENS)  # tokens[s].shape[0]
-        grown("table_capacity", (), np.int64, MIN_SLOTS)  # table[s].shape[0]
-        for s in range(old, slots):
-            self._arrays.append([np.zeros(MIN_TOKENS, dtype=np.int32), np.zeros(MIN_TOKENS, dtype=np.int32),
-                                 np.full(MIN_SLOTS, EMPTY, dtype=np.int32)])
-            self._point(s)
-        self._free.extend(range(slots - 1, old - 1, -1))
-        self.capacity = slots
-
-    def allocate(self, prompt_len: int, doc: int, first_token: int) -> int:
-        """A cleared slot for a new request."""
-        if not self._free:
-            self._grow_slots(2 * self.capacity)
-        s = self._free.pop()
-        self.copied[s] = self.indexed[s] = self.used[s] = 0
-        self.prompt_len[s], self.doc[s], self.first_token[s], self.last_token[s] = prompt_len, doc, first_token, -1
-        self.keep[s] = 0.0
-        self.overall[s] = 1.0
-        self.plan_len[s] = -1
-        self.watch[s, 0, 0] = 0
-        self._arrays[s][2].fill(EMPTY)
-        return s
-
-    def _point(self, s: int) -> None:
-        # the kernels reach slot s's arrays by their addresses (kernels._arrays_at): set whenever they are replaced
-        self.address[s] = kernels.addresses(*self._arrays[s])
-
-    def free(self, s: int) -> None:
-        self._free.append(s)
-
-    def index_rows(self, rows_slot: np.ndarray, room: np.ndarray) -> None:
-        """kernels.index_rows over these slots. A call queued for the proposer's thread holds this object, and so
-        the arrays the kernel reaches by address, alive until it has run (the proposer may be gone by then)."""
-        kernels.index_rows(rows_slot, room, self.address, self.token_capacity, self.table_capacity, self.copied,
-                           self.indexed, self.used, self.min_ngram, self.max_ngram)
-
-    def tokens_of(self, s: int) -> np.ndarray:
-        """The slot's copied tokens (a view)."""
-        return self._arrays[s][0][: self.copied[s]]
-
-    def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
-        """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):
-        the capacities kernels.room_and_growth found the step needs (the growth rule is there)."""
-        for r in np.flatnonzero(new_tokens | new_table).tolist():
-            s, arrays = int(slots[r]), self._arrays[int(slots[r])]
-            capacity = int(new_tokens[r])
-            if capacity:
-                copied = self.copied[s]
-                for i in (0, 1):
-                    grown = np.zeros(capacity, dtype=np.int32)
-                    grown[:copied] = arrays[i][:copied]
-                    arrays[i] = grown
-                self.token_capacity[s] = capacity
-            capacity = int(new_table[r])
-            if capacity:
-                table = np.full(capacity, EMPTY, dtype=np.int32)
-                if self.used[s]:  # a fresh slot's table is empty: nothing to move
-                    self.used[s] = rehash(arrays[0], arrays[2], table)
-                arrays[2] = table
-                self.table_capacity[s] = capacity
-            self._point(s)
-
-
-class BetweenSteps:
-    """Work a step hands to a thread of its own, done while the engine's forward runs: finished
-    requests filed into the shared memory, the rows' new tokens indexed.
-
-    `submit(fn, *args)` queues a call after a step's drafts are returned; `wait`, at the start of
-    the next step, returns once every queued call has run. So a step always reads the memory and
-    slots as if the calls had run at the end of the step before, whatever the threads' timing:
-    the drafts are the same as without the thread. Indexing (O(the tokens)) overlaps the model's
-    forward instead of lengthening a step, where the forward leaves a core free (a GPU's does; on
-    a CPU the forward's own threads share the cores). A call's error is raised by the next `wait`.
-    `seconds`: the thread's time in the calls.
-    """
-
-    def __init__(self):
-        self.seconds = 0.0
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = None
-        self._error: BaseException | None = None
-
-    def submit(self, fn, *args) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="lookahead-between-steps", daemon=True)
-            self._thread.start()
-        self._queue.put((fn, args))
-
-    def _run(self) -> None:
-        while True:
-            fn, args = self._queue.get()
-            start = time.perf_counter()
-            try:
-                fn(*args)
-            except BaseException as error:  # the thread lives on; the step that waits raises it
-                self._error = error
-            finally:
-                self.seconds += time.perf_counter() - start
-                self._queue.task_done()
-
-    def wait(self) -> None:
-        if self._queue.unfinished_tasks:  # (an int read: a step that queued nothing pays no Condition)
-            self._queue.join()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
 
 
 class LookupProposer:
@@ -244,21 +93,17 @@ class LookupProposer:
         self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
         fixed = options["fixed_cost_tokens"]
         # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
-        self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else LineCost(float(fixed))
+        self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else FixedStepCost(float(fixed))
         # what the sizer's promises kept, per load: its trust in them (none where nothing is sized or measured)
         self.kept_share = KeptShare() if fixed is None and options["cost_aware"] else None
         self._sent_promise = (0, 0.0)  # (decode rows, expected kept tokens) of the drafts the last step sent
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
-        self.slots = SlotBuffers(2 * max_num_seqs, k, min_ngram, max_ngram)
+        self.slots = Slots(2 * max_num_seqs, k, min_ngram, max_ngram, min_tokens=MIN_TOKENS, min_table=MIN_SLOTS)
         self.requests: dict = {}  # request id (or content key) -> slot
         self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        # documents stores the requests consult, as the kernels reach them (kernels.addresses):
-        self._doc_address = np.zeros((0, 3), dtype=np.int64)  # (doc, 3) where its index's tokens, prev, table lie
-        self._doc_shape = np.zeros((0, 5), dtype=np.int64)  # (doc, 5) their lengths (tokens', table's), n, min_ngram, max_ngram
-        self._doc_ids: dict = {}  # id(store) -> its doc
-        self._doc_stores: list = []  # (store, its index's arrays): kept alive
+        self.document_stores = DocumentStores(self.documents, min_ngram=min_ngram, max_ngram=max_ngram)  # per live request
         # the kernels' shared buffers, allocated once:
         nodes = 1 + (kernels.CHAIN_WALK[0] + kernels.CHAIN_WALK[1] + 4) * k
         eos = np.fromiter(sorted(as_id_set(self.eos_token_id)), dtype=np.int64)
@@ -267,7 +112,9 @@ class LookupProposer:
         self._ends = np.zeros(MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) scratch of match_ends
         self._scratch = np.zeros(3, dtype=np.int64)  # (3,) a trie kernel's results
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
-        self._options = (min_ngram, max_ngram, float(options["draft_factor"]), self.memory is not None)
+        self._grams = (min_ngram, max_ngram)
+        self._draft_factor = float(options["draft_factor"])
+        self._work = (self._trie, self._ends, self._scratch)  # advance's scratch group
         self._rows = 0
         self._row_buffers(max_num_seqs)
         self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
@@ -281,7 +128,10 @@ class LookupProposer:
         self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts, run by advance)
         self._per_pos = np.zeros(k, dtype=np.int64)
         self._lock = threading.Lock()  # held by a step and by the counters file's writer
+        self._closed = False
         self._stats_file = StatsFile(options["stats_path"], self._stats_snapshot, self._lock) if options["stats_path"] else None
+        # the thread is joined on close(), when the proposer is collected, and at interpreter exit (finalize's atexit)
+        self._close_worker = weakref.finalize(self, self._worker.close)
 
     def _row_buffers(self, rows: int) -> None:
         """The per-row out-buffers of the kernels, for at least `rows` rows."""
@@ -336,6 +186,7 @@ class LookupProposer:
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
         row = np.zeros(1, dtype=np.int64)  # (a row without room: nothing indexed)
         probe.slots.index_rows(row, row)  # the thread's kernel, compiled here and not mid-serving
+        probe.close()
         if not (kernels.advance.signatures and kernels.commit.signatures and kernels.index_rows.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
 
@@ -355,6 +206,8 @@ class LookupProposer:
                              f"{getattr(token_ids_cpu, 'shape', None)} and {len(num_tokens_no_spec)} num_tokens_no_spec "
                              f"(expected (rows or more, max_model_len) and rows or more)")
         with self._lock:
+            if self._closed:
+                raise RuntimeError("lookahead: propose on a closed LookupProposer")
             out = self._step(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, start)
             self.stats.propose_s += self.clock() - start
         if self._stats_file is not None:
@@ -377,26 +230,24 @@ class LookupProposer:
         s = self.slots
         room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
-        decode, grows = kernels.room_and_growth(slots, num_tokens, num_sampled, self.num_draft_tokens, self.max_model_len,
-                                                s.token_capacity, s.used, s.indexed, s.table_capacity,
-                                                s.max_ngram - s.min_ngram + 1, _MAX_LOAD, _GROWTH, room, new_tokens, new_table)
+        rows = (slots, num_tokens, num_sampled, verified, theirs, room, token_ids)  # the kernels' per-row group
+        limits = (self.num_draft_tokens, self.max_model_len, s.max_ngram - s.min_ngram + 1, MAX_LOAD, GROWTH)
+        decode, grows = kernels.room_and_growth(rows, s.cols, s.index.at, limits, new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
-        h, d = self.cost.fixed_cost_tokens, getattr(self.cost, "draft_cost_tokens", 0.0)
+        h, d = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens
         trust = self.kept_share.trust(decode) if self.kept_share is not None and decode else 1.0
         bar = decode / (h + d + decode) / trust if self.options["cost_aware"] and decode else -1.0
         force = self.stats.steps % LEARN_EVERY == 0
         memory = self.memory
+        options = (*self._grams, self._draft_factor, memory is not None, bar, force)
+        results = (self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status,
+                   self._counts, self._per_pos)  # advance's out group
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
-            drafting, counted, pending = kernels.advance(
-                slots, num_tokens, num_sampled, verified, theirs, room, bar, force, token_ids,
-                s.address, s.token_capacity, s.table_capacity, s.copied, s.indexed, s.used, s.prompt_len, s.doc, s.last_token,
-                s.keep, s.overall, s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids, s.watch, s.watch_ids,
-                self._doc_address, self._doc_shape, memory_index, self._options, self._trie, self._ends, self._scratch,
-                self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status,
-                self._counts, self._per_pos)
+            drafting, counted, pending = kernels.advance(rows, s.state(), s.index.arrays(), self.document_stores.arrays(),
+                                                         memory_index, options, self._work, results)
         accepted = self.stats.accepted_tokens
         if counted:
             self._count_step()
@@ -411,8 +262,7 @@ class LookupProposer:
             taken, expected = batch_sizes(self._out_chance[:num_rows], self._out_share[:num_rows], chains, decode, h + d,
                                            sizes, trust)
             if taken:
-                plain = getattr(self.cost, "wants_plain_step", lambda: False)()  # a step measured without drafts
-                if plain or not worth_sending(decode, expected, taken, h, d):
+                if self.cost.wants_plain_step() or not worth_sending(decode, expected, taken, h, d):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
                     self.stats.withheld_steps += 1
                 else:
@@ -422,8 +272,7 @@ class LookupProposer:
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
-            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out_ids, chains, self._out_match,
-                                                  s.plan_len, s.plan_size, s.plan_match, s.plan_pos, s.plan_ids)
+            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, results, s.state())
             if sent_tokens:  # a loop over Python lists, numpy called once per row sent: numpy's per-call cost is what a step saves on
                 ids, slot_of = self._out_ids, slots.tolist()
                 for row, size in enumerate(sizes.tolist()):
@@ -437,7 +286,7 @@ class LookupProposer:
             self._between(s.index_rows, slots, room)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
-        self.stats.draft_cost_tokens = getattr(self.cost, "draft_cost_tokens", 0.0)
+        self.stats.draft_cost_tokens = self.cost.draft_cost_tokens
         self.stats.memory_tokens = len(memory) if memory is not None else 0
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
@@ -492,7 +341,7 @@ class LookupProposer:
             slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
         s, stale = self.slots, self._stale[: len(keys)]
         unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
-        if kernels.stale_rows(slots, num_tokens, token_ids, s.copied, s.last_token, s.first_token, stale):
+        if kernels.stale_rows(slots, num_tokens, token_ids, s.cols, stale):
             for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
@@ -500,26 +349,11 @@ class LookupProposer:
         for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
             n = int(num_tokens[row])
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
-            doc = self._doc_of(self.documents.store_for(token_ids[row, :prompt_len], min_ngram=self.slots.min_ngram,
-                                                        max_ngram=self.slots.max_ngram))
+            doc = self.document_stores.acquire(token_ids[row, :prompt_len])
             slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
             self.stats.requests += 1
         self._keys_seen, self._slots_seen, self._retired = keys, slots, False
         return slots, joined
-
-    def _doc_of(self, store) -> int:
-        """The doc (a row of _doc_address) of a request's documents store (-1: none)."""
-        if store is None or not len(store):
-            return -1
-        doc = self._doc_ids.get(id(store))
-        if doc is None:
-            doc = self._doc_ids[id(store)] = len(self._doc_stores)
-            with store.reading() as index:  # a documents store is not added to once loaded
-                tokens, prev, table, n, min_ngram, max_ngram = index
-            self._doc_stores.append((store, index))
-            self._doc_address = np.vstack([self._doc_address, [kernels.addresses(tokens, prev, table)]])
-            self._doc_shape = np.vstack([self._doc_shape, [[len(tokens), len(table), n, min_ngram, max_ngram]]])
-        return doc
 
     def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
         """Per row: how many tokens of its request's last draft vLLM verified in the step that just
@@ -554,7 +388,7 @@ class LookupProposer:
             theirs[:] = 0
             return ours, theirs
         # Python lists in the loop, numpy once on each side of it (a numpy scalar read or write is ~0.2 µs, a list's ~0.03)
-        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.slots.plan_pos[slots].tolist()
+        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.slots.cols[slots, PLAN_POS].tolist()
         ours_of, theirs_of = [0] * num_rows, [0] * num_rows
         for row in rows:
             sent = sent_of.get(slot_of[row], ())
@@ -615,7 +449,8 @@ class LookupProposer:
         s = self.requests.pop(key)
         self._retired = True
         self._sent.pop(s, None)
-        if self.memory is not None and self.slots.copied[s]:
+        self.document_stores.release(int(self.slots.cols[s, DOC]))
+        if self.memory is not None and self.slots.cols[s, COPIED]:
             self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (BetweenSteps)
         self.slots.free(s)
         self.stats.finished += 1
@@ -645,6 +480,24 @@ class LookupProposer:
 
     def _stats_snapshot(self) -> dict:
         return stats_dict(self.stats, self.runner)
+
+    def close(self) -> None:
+        """Ends the proposer: finished requests are filed into memory, the thread runs what is queued and is
+        joined, the counters file is written a last time and its thread joined. Also `with LookupProposer(...)`;
+        the thread is joined too when the proposer is collected and at interpreter exit. propose then raises."""
+        with self._lock:
+            self._closed = True
+            if self._finished:
+                self._file_finished()
+        self._close_worker()  # (weakref.finalize: BetweenSteps.close, once)
+        if self._stats_file is not None:
+            self._stats_file.close()
+
+    def __enter__(self) -> "LookupProposer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def write_stats(self) -> None:
         """Writes the counters as JSON to options["stats_path"] now (atomically: a reader never sees half a file)."""

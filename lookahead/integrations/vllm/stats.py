@@ -45,9 +45,10 @@ class StatsFile:
         self._snapshot = snapshot
         self._lock = lock
         self._dirty = threading.Event()
+        self._closing = threading.Event()
         self._closed = False
-        thread = threading.Thread(target=self._run, name="lookahead-stats", daemon=True)
-        thread.start()
+        self._thread = threading.Thread(target=self._run, name="lookahead-stats", daemon=True)
+        self._thread.start()
         atexit.register(_close, weakref.ref(self))
 
     def changed(self) -> None:
@@ -60,7 +61,7 @@ class StatsFile:
                 return
             self._dirty.clear()
             self.write()
-            threading.Event().wait(STATS_INTERVAL_S)  # at most one write per interval
+            self._closing.wait(STATS_INTERVAL_S)  # at most one write per interval (close cuts the wait)
 
     def write(self) -> None:
         with self._lock:
@@ -71,10 +72,13 @@ class StatsFile:
         os.replace(temporary, self.path)
 
     def close(self) -> None:
-        """Writes the last counters; no writes after."""
+        """Writes the last counters and joins the thread; no writes after."""
         if not self._closed:
             self._closed = True
+            self._closing.set()
             self._dirty.set()  # wakes the thread to end
+            if self._thread is not threading.current_thread():
+                self._thread.join()
             self.write()
 
 

@@ -1,0 +1,382 @@
+"""The batched drafting engine's per-step kernels: arrays in a few named groups, one slot per live request.
+
+A request holds a slot `s` for its life (rows move, slots do not). `engine.slots.Slots` owns and
+grows every array below; the kernels only read and write them, never resize:
+
+    slots = (cols, keep, overall, plan_ids, watch, watch_ids)
+      cols       int64[S, NUM_COLS]     # per slot, the columns COPIED ... PLAN_POS below
+      keep       float64[S, M + 1, 2]   # per anchor length m: faded (kept tokens, failures), as sizing.KeepRate
+      overall    float64[S, 2]          # faded (kept, failed) over every length, prior (1, 1)
+      plan_ids   int32[S, K]            # the pending chain (cols[s, PLAN_LEN] tokens)
+      watch      int64[S, W, 5]         # rests of chains past what was verified, oldest first (KeepRate.watched):
+                                        #   watch[s, 0, 0] the count; watch[s, i, 1:5] (match_len, length, position, counted)
+      watch_ids  int32[S, W, K]         # their tokens
+    index = (tokens, prev, table, at)   # the slots' token indexes: engine.arena.IndexArena.arrays(), entry s = slot s
+    docs = (arena, doc_n)               # documents stores: an IndexArena's arrays, and int64[D] the tokens each holds
+    rows = (rows_slot, num_tokens, num_sampled, verified, theirs, room, token_ids)   # per row r of this step:
+      rows_slot int64[R] its slot; num_tokens int64[R]; num_sampled int64[R] tokens written this step;
+      verified int64[R] of our draft's tokens the step checked; theirs int64[R] of vLLM's own; room int64[R] the
+      most tokens its chain may hold; token_ids int32[R, L] the rows' tokens
+    out = (out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos)   # advance's results
+
+`advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
+(the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
+drafted as `LookupDrafter.propose` drafts it, through the same index and trie kernels);
+sizing.rules.batch_sizes then cuts the chains to the load rule and `commit` records the plans.
+tests/test_vllm.py checks both against the Python classes they follow.
+"""
+
+import math
+
+from numba import njit
+
+from lookahead.drafter import MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
+from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
+from lookahead.index import SEPARATOR
+from lookahead.index.kernels import EMPTY, index_ends
+from lookahead.sizing.keep_rate import KeepRate
+from lookahead.sizing.rules import MAX_CHANCE
+from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path, path_shares
+
+# columns of slots' cols
+COPIED = 0  # tokens copied from the row: the slot's tokens[:COPIED]
+INDEXED = 1  # of those, indexed (lazily: when the row drafts, or between steps: index_rows)
+USED = 2  # table slots used
+PROMPT_LEN = 3  # the source of the first-occurrence rule (LookupDrafter._fill_trie)
+DOC = 4  # the request's documents store (an entry of docs); -1: none
+FIRST_TOKEN = 5  # the first and last copied tokens, for the reused-id check (stale_rows); -1: none
+LAST_TOKEN = 6
+PLAN_LEN = 7  # the pending chain's length (-1: no plan pending)
+PLAN_SIZE = 8  # tokens of it sent
+PLAN_MATCH = 9  # its anchor's length
+PLAN_POS = 10  # the row's length when it was drafted
+NUM_COLS = 11
+
+CHAIN_WALK = (8, 4)  # LookupDrafter.chain_walk: occurrences walked (of the suffix, of the suffix less its last token)
+FIRST_REACH = 64  # LookupDrafter.first_reach
+PRIOR_WEIGHT = KeepRate.PRIOR_WEIGHT
+FADE = 0.9  # KeepRate's default fade
+MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this (KeepRate keeps every one)
+
+# advance's per-row status (out_status)
+NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
+
+
+@njit(cache=True, inline="always")
+def view(arena, e):
+    """(tokens, prev, table): entry e's index in an IndexArena's arrays (slices: bounds are the arena's)."""
+    tokens, prev, table, at = arena
+    t, c, b = at[e, TOKEN_AT], at[e, TOKEN_CAP], at[e, TABLE_AT]
+    return tokens[t : t + c], prev[t : t + c], table[b : b + at[e, TABLE_CAP]]
+
+
+@njit(cache=True, inline="always")
+def _count(keep, overall, s, m, kept, failed):
+    # KeepRate._count: old counts fade only when something is learnt
+    if kept == 0 and not failed:
+        return
+    keep[s, m, 0] = FADE * keep[s, m, 0] + kept
+    keep[s, m, 1] = FADE * keep[s, m, 1] + failed
+    overall[s, 0] = FADE * overall[s, 0] + kept
+    overall[s, 1] = FADE * overall[s, 1] + failed
+
+
+@njit(cache=True, inline="always")
+def keep_chance(keep, overall, s, match_len):
+    """KeepRate.keep_chance of slot s for an anchor of match_len tokens."""
+    m = min(match_len, keep.shape[1] - 1)
+    prior = overall[s, 0] / (overall[s, 0] + overall[s, 1])
+    return (keep[s, m, 0] + PRIOR_WEIGHT * prior) / (keep[s, m, 0] + keep[s, m, 1] + PRIOR_WEIGHT)
+
+
+@njit(cache=True)
+def _settle(keep, overall, watch, watch_ids, s, row, n):
+    # KeepRate.settle against the row's tokens row[:n]; watch[s, i] = (count, match_len, length, position, counted)
+    kept_entries = 0
+    for i in range(watch[s, 0, 0]):
+        m, length, position, counted = watch[s, i, 1], watch[s, i, 2], watch[s, i, 3], watch[s, i, 4]
+        agree = counted
+        while agree < length and position + agree < n and row[position + agree] == watch_ids[s, i, agree]:
+            agree += 1
+        failed = agree < length and position + agree < n
+        _count(keep, overall, s, min(m, keep.shape[1] - 1), agree - counted, failed)
+        if not failed and agree < length:  # still watched: compacted in arrival order
+            if kept_entries != i:
+                watch[s, kept_entries, 1:4] = watch[s, i, 1:4]
+                watch_ids[s, kept_entries, :] = watch_ids[s, i, :]
+            watch[s, kept_entries, 4] = agree
+            kept_entries += 1
+    watch[s, 0, 0] = kept_entries
+
+
+@njit(cache=True)
+def _watch(watch, watch_ids, s, m, ids, start, stop, position):
+    # KeepRate.observe's watched rest ids[start:stop] from `position`; the oldest is dropped when full
+    count = watch[s, 0, 0]
+    if count == watch.shape[1]:
+        for i in range(1, count):
+            watch[s, i - 1, 1:5] = watch[s, i, 1:5]
+            watch_ids[s, i - 1, :] = watch_ids[s, i, :]
+        count -= 1
+    watch[s, count, 1], watch[s, count, 2], watch[s, count, 3], watch[s, count, 4] = m, stop - start, position, 0
+    for j in range(start, stop):
+        watch_ids[s, count, j - start] = ids[j]
+    watch[s, 0, 0] = count + 1
+
+
+@njit(cache=True, inline="always")
+def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
+    # slot s's index (tok, prv, tab) takes its tokens through tok[:n] not yet indexed (the grams ending at
+    # positions before n - 1: the last token waits for the next, as its suffix is what a draft looks up)
+    start = cols[s, INDEXED]
+    if n > start:
+        lo = max(start - 1, 0)
+        if n - 1 > lo:
+            cols[s, USED] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+        cols[s, INDEXED] = n
+
+
+@njit(cache=True)
+def _learn(rows, slots, index, out):
+    # advance's first pass: each row's pending plan resolved, its watched rests settled, its new tokens copied
+    rows_slot, num_tokens, num_sampled, verified, _, _, token_ids = rows
+    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    out_status = out[5]
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        c = num_sampled[r]
+        row = token_ids[r]
+        out_status[r] = NO_PLAN
+        if cols[s, PLAN_LEN] >= 0:
+            moved = c > 0 and n == cols[s, PLAN_POS] + c
+            if moved and not (cols[s, PLAN_SIZE] > 0 and verified[r] == 0):
+                # KeepRate.observe(match, chain, checked=verified, written=row[n - c:n], position)
+                length = cols[s, PLAN_LEN]
+                checked = min(verified[r], c, length)
+                agree = 0
+                while agree < checked and plan_ids[s, agree] == row[n - c + agree]:
+                    agree += 1
+                m = min(cols[s, PLAN_MATCH], keep.shape[1] - 1)
+                _count(keep, overall, s, m, agree, agree < checked)
+                if agree == checked and agree < length:
+                    _watch(watch, watch_ids, s, cols[s, PLAN_MATCH], plan_ids[s], agree, length, cols[s, PLAN_POS] + agree)
+                out_status[r] = LEARNT
+            elif cols[s, PLAN_SIZE] > 0:
+                out_status[r] = DISCARDED
+            cols[s, PLAN_LEN] = -1
+        if watch[s, 0, 0]:
+            _settle(keep, overall, watch, watch_ids, s, row, n)
+        if n > cols[s, COPIED]:
+            tok = view(index, s)[0]
+            for pos in range(cols[s, COPIED], n):
+                tok[pos] = row[pos]
+            cols[s, COPIED] = n
+            cols[s, LAST_TOKEN] = row[n - 1]
+
+
+@njit(cache=True)
+def advance(rows, slots, index, docs, memory, options, work, out):
+    """One step over every row: learn from the tokens it wrote, count the drafts verified, index them, draft its chain.
+
+    Per row r (slot s = rows_slot[r], the row's tokens token_ids[r, :num_tokens[r]], its last
+    num_sampled[r] written this step, of which verified[r] were our draft's tokens vLLM checked):
+    - the pending plan is resolved as Request.verified does: learnt from when the row moved by
+      the step's tokens and vLLM checked it (or we had sent nothing), dropped otherwise
+      (out_status: LEARNT, DISCARDED, NO_PLAN); watched rests settle against the row;
+    - the slot takes the row's new tokens.
+    The step's verified drafts are counted into counts and per_pos (count_drafts; theirs[r]: tokens
+    of vLLM's own draft the row verified).
+    Then each row with room[r] > 0 whose keep chance beats `bar` for some anchor length (the load
+    rule's first bar: below it the rule takes no token of the row), or every such row with
+    `force`, has its index take the tokens not yet indexed and drafts the chain of at most
+    room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
+    out_match[r] tokens, each kept with chance out_chance[r] (the keep rate) times out_share[r, j]
+    (the branch shares its path kept in the trie: trie.path_shares). Returns (whether any row
+    drafted, whether any count is not 0, tokens of rows with room left unindexed: index_rows').
+    memory: the shared store's index tuple (index/kernels.py); options = (min_ngram, max_ngram,
+    draft_factor, has_memory, bar, force); work = (trie, ends, scratch): trie.py's trie and its
+    scratch. The caller has grown every extended slot's regions for its new tokens (room_and_growth,
+    Slots.reserve).
+    """
+    min_ngram, max_ngram, draft_factor, has_memory, bar, force = options
+    rows_slot, num_tokens, num_sampled, verified, theirs, room, token_ids = rows
+    cols, keep, overall, _, _, _ = slots
+    trie, ends, scratch = work
+    out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos = out
+    num_rows = rows_slot.shape[0]
+    out_len[:num_rows] = 0
+    out_match[:num_rows] = 0
+    out_chance[:num_rows] = 0.0
+    _learn(rows, slots, index, out)
+    counted = count_drafts(out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
+    drafted = False
+    if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
+        return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
+    token, parent, weight, child, sibling, _, _ = trie
+    doc_arena, doc_n = docs
+    for r in range(num_rows):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        limit = room[r]
+        if limit <= 0 or n < 1:
+            continue
+        if not force:  # a row none of whose anchor lengths beats the bar gets no token from the rule: not drafted
+            pays = False
+            for m in range(keep.shape[1]):
+                if min(keep_chance(keep, overall, s, m), MAX_CHANCE) > bar:
+                    pays = True
+                    break
+            if not pays:
+                continue
+        drafted = True
+        tok, prv, tab = view(index, s)
+        _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
+        # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
+        token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
+        add_suffix_candidates((tok, prv, tab, n, min_ngram, max_ngram),
+                              (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
+                               cols[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
+        count, match_len, substituted = scratch[0], scratch[1], scratch[2]
+        if match_len < max_ngram - 1:  # else no store's match can outweigh it
+            query = tok[max(0, n - max_ngram) : n]
+            d = cols[s, DOC]
+            if d >= 0 and doc_n[d] > 0:
+                document = view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram)
+                add_longest_match(document, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+                count, match_len = scratch[0], max(match_len, scratch[1])
+            if has_memory and memory[3] > 0:
+                add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+                count, match_len = scratch[0], max(match_len, scratch[1])
+        anchored = max(match_len, substituted) if count > 1 else 0
+        length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), 0, out_ids[r])  # its nodes
+        path_shares(trie, out_ids[r], length, out_share[r])
+        for i in range(length):
+            out_ids[r, i] = token[out_ids[r, i]]  # the nodes' tokens
+        out_len[r] = length
+        out_match[r] = anchored
+        if length:
+            out_chance[r] = keep_chance(keep, overall, s, anchored)
+    return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
+
+
+@njit(cache=True, inline="always")
+def _pending(rows_slot, num_tokens, room, cols):
+    # tokens of the rows with room that their slots have not indexed (index_rows' work)
+    pending = 0
+    for r in range(rows_slot.shape[0]):
+        if room[r] > 0:
+            pending += num_tokens[r] - cols[rows_slot[r], INDEXED]
+    return pending
+
+
+@njit(cache=True, nogil=True)
+def index_rows(rows_slot, room, cols, index, grams):
+    """Indexes, for each row with room[r] > 0, its slot's copied tokens not yet indexed: what advance
+    indexes when the row next drafts, done ahead, between steps (nogil: on a thread beside the engine's
+    Python; the caller holds every array it passes until it returns). room_and_growth sized those rows'
+    tables for them. The index is the same whenever its tokens are taken (index_ends is incremental).
+    grams = (min_ngram, max_ngram)."""
+    min_ngram, max_ngram = grams
+    for r in range(rows_slot.shape[0]):
+        if room[r] > 0:
+            s = rows_slot[r]
+            tok, prv, tab = view(index, s)
+            _index_to(tok, prv, tab, cols, s, cols[s, COPIED], min_ngram, max_ngram)
+
+
+@njit(cache=True)
+def stale_rows(rows_slot, num_tokens, token_ids, cols, stale):
+    """stale[r]: whether row r's slot (>= 0) holds another request's tokens (more tokens than the
+    row, or another first or last copied token: vLLM reused the request id); returns how many."""
+    count = 0
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        stale[r] = False
+        if s < 0 or cols[s, COPIED] == 0:
+            continue
+        c = cols[s, COPIED]
+        if c > num_tokens[r] or token_ids[r, c - 1] != cols[s, LAST_TOKEN] or token_ids[r, 0] != cols[s, FIRST_TOKEN]:
+            stale[r] = True
+            count += 1
+    return count
+
+
+@njit(cache=True)
+def room_and_growth(rows, cols, at, limits, new_tokens, new_table):
+    """Writes room[r] (in rows): the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
+    discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before `advance`
+    writes it (0: big enough), which Slots.reserve allocates. Returns (decode rows, rows whose slot must grow).
+
+    limits = (k, max_model_len, grams, max_load, growth). The growth rule (TokenIndex's): the tokens grow
+    by `growth` or to n + 1, whichever is more; a drafting row's table holds used + (tokens not yet
+    indexed) * grams slots at most, kept at most `max_load` full by growing by `growth`.
+    """
+    rows_slot, num_tokens, num_sampled, _, _, room, _ = rows
+    k, max_model_len, grams, max_load, growth = limits
+    decode = 0
+    grows = 0
+    for r in range(rows_slot.shape[0]):
+        s = rows_slot[r]
+        n = num_tokens[r]
+        room[r] = min(k, max_model_len - n) if num_sampled[r] > 0 else 0
+        new_tokens[r] = 0
+        new_table[r] = 0
+        if n > at[s, TOKEN_CAP]:
+            new_tokens[r] = max(int(at[s, TOKEN_CAP] * growth), n + 1)
+        if room[r] > 0:
+            decode += 1
+            need = cols[s, USED] + max(n - cols[s, INDEXED], 0) * grams
+            if need > max_load * at[s, TABLE_CAP]:
+                capacity = at[s, TABLE_CAP]
+                while need > max_load * capacity:
+                    capacity = int(capacity * growth)
+                new_table[r] = capacity
+        if new_tokens[r] or new_table[r]:
+            grows += 1
+    return decode, grows
+
+
+@njit(cache=True)
+def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
+    """Counts the drafts a step verified as vLLM's metrics do: ours where learnt from (status LEARNT,
+    verified[r] > 0), vLLM's own (theirs[r] > 0); num_sampled[r] - 1 of each accepted.
+    counts = (drafts, draft tokens, accepted tokens, vLLM's drafts, discarded drafts);
+    per_pos[p] = drafts with more than p tokens accepted. Returns whether any count is not 0."""
+    counts[:] = 0
+    per_pos[:] = 0
+    for r in range(status.shape[0]):
+        if status[r] == DISCARDED:
+            counts[4] += 1
+        drafted = verified[r] if status[r] == LEARNT and verified[r] > 0 else theirs[r]
+        if drafted <= 0:
+            continue
+        counts[3] += theirs[r] > 0
+        accepted = num_sampled[r] - 1
+        counts[0] += 1
+        counts[1] += drafted
+        counts[2] += accepted
+        for p in range(min(accepted, per_pos.shape[0])):
+            per_pos[p] += 1
+    return counts[0] > 0 or counts[4] > 0
+
+
+@njit(cache=True)
+def commit(rows_slot, num_tokens, sizes, out, slots):
+    """Records each drafted row's plan (Request.commit): its chain (out's), the `sizes[r]` tokens of it sent.
+    Returns (tokens drafted, tokens sent) over the rows."""
+    out_ids, out_len, out_match = out[0], out[1], out[2]
+    cols, plan_ids = slots[0], slots[3]
+    drafted = 0
+    sent = 0
+    for r in range(rows_slot.shape[0]):
+        length = out_len[r]
+        if length == 0:
+            continue
+        drafted += length
+        sent += sizes[r]
+        s = rows_slot[r]
+        cols[s, PLAN_LEN], cols[s, PLAN_SIZE], cols[s, PLAN_MATCH], cols[s, PLAN_POS] = length, sizes[r], out_match[r], num_tokens[r]
+        for j in range(length):
+            plan_ids[s, j] = out_ids[r, j]
+    return drafted, sent
