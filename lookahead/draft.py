@@ -10,7 +10,7 @@ only at those adapters):
 - `match_len`: length of the suffix a draft is anchored on;
 - `room`: draft tokens that fit in a step (the step's own token takes the last place);
 - a step's block: `rows` x `width` tokens, width = uncached tokens + the longest draft;
-- keep chance: the chance that a drafted token is kept (sizing.keep_rate);
+- keep chance: the chance that a drafted token is kept (engine.kernels.learn_row);
 - `fixed_cost_tokens` (h = F / p): how many verified tokens cost as much as a step's fixed part;
 - τ (`tau`): tokens per verify step, the model's own token included.
 """
@@ -63,7 +63,7 @@ class StepPlan:
     """One step's drafting: the drafter's chain, the draft verified, and how many chain tokens it stands for.
 
     `draft` is `chain.prefix(size)`, or a tree with the nodes that cost what `size` chain
-    tokens would; the keep rate learns from the chain either way (sizing.keep_rate).
+    tokens would; the keep rate learns from the chain either way (engine.kernels.learn_row).
     """
 
     chain: Draft

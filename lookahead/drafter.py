@@ -10,6 +10,9 @@ from lookahead.documents import DocumentLibrary
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
+from lookahead.policy import (  # (the candidates' weights and walks: one definition, shared with the engine's chains)
+    CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE, TREE_WALK,
+)
 from lookahead.predictions import LeadChances, PredictionTable, RankChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
@@ -17,12 +20,6 @@ from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 # Defaults chosen by replaying ../shared/traces with `lookahead replay` (notes/design-provenance.md).
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost
-# The drafting policy: how much each kind of candidate weighs (see LookupDrafter._fill_trie).
-# A candidate anchored on match_len tokens weighs scale * MATCH_BASE ** match_len.
-MATCH_BASE = 2.0  # per matched token: a longer match outweighs two shorter ones
-STORE_SCALE = 0.5  # a store's match counts as one token shorter than the request's own
-SUBSTITUTION_SCALE = 0.25  # a substitution counts as two tokens shorter
-SKIP_SCALE = 1.0  # the model skipped a source token: counts as a match of the tokens before it
 TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
 # The model's own predictions (PredictionTable): a path of the table's best-first expansion from the
 # last token weighs PREDICTION_SCALE * its probability (RankChances) * w / c, where lookup's heaviest
@@ -169,12 +166,7 @@ class LookupDrafter:
         self.num_draft_tokens = num_draft_tokens
         self.draft_factor = float(draft_factor)
         self.cost_aware = bool(cost_aware)
-        # Occurrences examined per draft, (of the suffix, of the suffix without its last token):
-        # a chain needs the few best; a tree's extra branches come from the rest.
-        self.chain_walk = (8, 4)
-        self.tree_walk = (64, 16)
-        # Occurrences searched for a prompt-only match's first occurrence: O(first_reach * max_ngram) per draft.
-        self.first_reach = 64
+        self.chain_walk, self.tree_walk, self.first_reach = CHAIN_WALK, TREE_WALK, FIRST_REACH
         self._prompt_len = 0  # the current request's prompt: index.tokens[:_prompt_len]
         self.index = TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram)
         self.memory = memory

@@ -1,7 +1,9 @@
-"""`Request`: one request's drafting state, driven alike by every loop and by replay (numpy only).
+"""`Request`: one request's drafting state, driven alike by every loop and by replay (numpy and numba).
 
-A request is its drafter (a draft.DraftSource: the tokens seen, `stats`), its keep rate
-(sizing.keep_rate) and the plan of its last step. Each step a loop calls
+A request is its drafter (a draft.DraftSource: the tokens seen, `stats`) and one slot of the
+engine's state (engine.slots.Slots: its keep rate and the plan of its last step, learnt and
+planned by the same kernels the vLLM proposer runs for all its rows: engine.kernels.learn_row,
+plan_row). Each step a loop calls
 
     plan = request.plan(room, cost)                  one row: draft, size and commit
     (or request.propose(room), a rule over many rows' keep chances, request.commit(chain, size))
@@ -14,7 +16,8 @@ written once.
 """
 
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, Draft, DraftSource, StepPlan
-from lookahead.sizing.keep_rate import KeepRate
+from lookahead.engine import kernels
+from lookahead.engine.slots import Slots
 from lookahead.sizing.rules import chain_size, tree_nodes
 
 
@@ -35,8 +38,8 @@ class Request:
         >>> plan.draft.token_ids.tolist()
         [3, 4, 1, 2]
         >>> request.verified([3, 4, 9])  # the model kept two and wrote 9
-        >>> request.stats.accepted, request.drafter.num_tokens
-        (2, 9)
+        >>> request.stats.accepted, request.drafter.num_tokens, request.slots.keep[0].sum(axis=0).tolist()
+        (2, 9, [2.0, 1.0])
         >>> request.finish()  # filed into the drafter's memory; the stats still describe it
         >>> request.stats.accepted, request.drafter.num_tokens
         (2, 0)
@@ -45,9 +48,15 @@ class Request:
     def __init__(self, drafter: DraftSource, *, sized: bool):
         self.drafter = drafter
         self.sized = sized
-        self.keep_rate = KeepRate(drafter.max_ngram) if sized else None
+        self.slots: Slots | None = None  # sized: slot 0 holds the keep rate and the pending chain
+        self._new_slot()
         self.last: StepPlan | None = None  # the plan of the step being verified
         self.position = 0  # tokens the drafter had seen when `last` was drafted
+
+    def _new_slot(self) -> None:
+        if self.sized:
+            self.slots = Slots(1, 16, 1, self.drafter.max_ngram, indexes=False)  # (chains wider than 16: widened at commit)
+            self.slots.allocate(0, -1, -1)
 
     @property
     def stats(self):
@@ -57,7 +66,7 @@ class Request:
     def start(self, prompt_ids) -> None:
         """A new request on this state: the drafter reset to `prompt_ids` (the old one filed into memory)."""
         self.drafter.reset(prompt_ids)
-        self.keep_rate = KeepRate(self.drafter.max_ngram) if self.sized else None
+        self._new_slot()
         self.last = None
 
     def finish(self) -> None:
@@ -71,24 +80,28 @@ class Request:
 
     def keep_chance(self, chain: Draft) -> float:
         """The chance that a token of `chain` is kept (0.5 before anything is learnt); 1.0 unsized."""
-        return self.keep_rate.keep_chance(chain.match_len) if self.keep_rate is not None else 1.0
+        return kernels.keep_chance(self.slots.keep, self.slots.overall, 0, chain.match_len) if self.slots is not None else 1.0
 
     def commit(self, chain: Draft, size: int, draft: Draft | None = None) -> StepPlan:
         """The step verifies `draft` (default: the chain's first `size` tokens), sized as `size` tokens of `chain`."""
         plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size)
         self.last, self.position = plan, self.drafter.num_tokens
         self.drafter.stats.record(len(plan.draft))
+        if self.slots is not None and len(chain):
+            if len(chain) > self.slots.k:
+                self.slots.widen(max(len(chain), 2 * self.slots.k))
+            kernels.plan_row(self.slots.state(), 0, chain.token_ids, len(chain), size, chain.match_len, self.position)
         return plan
 
     def plan(self, room: int, cost=None, *, tree: bool = False, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> StepPlan:
         """One row's step: the chain cut to what verifying it pays under `cost` (sizing.cost; None or unsized:
         whole), or with `tree` the tree of the nodes that cost as much (unsized: the drafter's whole tree)."""
         drafter = self.drafter
-        if tree and (cost is None or self.keep_rate is None):
+        if tree and (cost is None or self.slots is None):
             whole = drafter.propose_tree(room, max_tree_nodes=max_tree_nodes)
             return self.commit(whole.prefix(0), 0, whole)
         chain = drafter.propose(room, hedged=tree)
-        size = len(chain) if cost is None or self.keep_rate is None or not len(chain) else chain_size(self.keep_chance(chain), len(chain), cost)
+        size = len(chain) if cost is None or self.slots is None or not len(chain) else chain_size(self.keep_chance(chain), len(chain), cost)
         if not tree or not size:
             return self.commit(chain, size)
         return self.commit(chain, size, drafter.grow_tree(tree_nodes(size, max_tree_nodes, cost)))
@@ -102,20 +115,24 @@ class Request:
         if plan is not None:
             kept = len(written) - 1 if accepted is None else accepted
             self.drafter.stats.record_accepted(min(max(kept, 0), len(plan.draft)))
-            if self.keep_rate is not None and len(plan.chain):
-                size = plan.size if checked is None else checked
-                self.keep_rate.observe(plan.chain.match_len, plan.chain.token_ids.tolist(), size, written, self.position)
         self.last = None
-        self.extend(written)
+        self.drafter.extend(written)
+        if self.slots is not None:  # the plan (if any, and of a chain) resolved against the tokens as written
+            verified = 0 if plan is None else plan.size if checked is None else checked
+            tokens = self.drafter.tokens
+            kernels.learn_row(self.slots.state(), 0, tokens, tokens.shape[0], len(written), verified)
         if predicted is not None:
             self.drafter.record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
 
     def discard(self) -> None:
         """The last plan was not verified (a server dropped it): nothing is learnt from it."""
         self.last = None
+        if self.slots is not None:
+            self.slots.cols[0, kernels.PLAN_LEN] = -1
 
     def extend(self, token_ids) -> None:
         """Tokens of the request the drafter has not seen, outside any plan (a prompt's next chunk, a resumed request)."""
         self.drafter.extend(token_ids)
-        if self.keep_rate is not None and self.keep_rate.watched:
-            self.keep_rate.settle(self.drafter.tokens)
+        if self.slots is not None:
+            tokens = self.drafter.tokens
+            kernels.settle_row(self.slots.state(), 0, tokens, tokens.shape[0])

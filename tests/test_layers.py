@@ -105,11 +105,18 @@ def test_no_allowed_upward_import_closes_a_cycle():
         assert back is None, f"the allowed {importer} -> {imported} closes a cycle: {' -> '.join([importer] + back)}"
 
 
-def test_the_request_imports_only_the_draft_and_sizing():
+def test_the_request_imports_only_the_draft_the_engine_and_sizing():
     # Regression: request.py imported LookupDrafter for a default and a type annotation, closing the
     # cycle above; it drives any draft.DraftSource. (`from lookahead import ...` counts: the package is a module here.)
     used = {n for n in imports(MODULES["lookahead.request"], module_level_only=False) if n in MODULES}
-    assert used <= {"lookahead.draft"} | {m for m in MODULES if m.startswith("lookahead.sizing")}, used
+    assert used <= {"lookahead.draft"} | {m for m in MODULES if m.startswith(("lookahead.sizing", "lookahead.engine"))}, used
+
+
+def test_the_engine_imports_no_drafter_and_no_integration():
+    # The engine is below the drafter and every loop: what it shares with LookupDrafter lives in lookahead.policy.
+    for name in (m for m in MODULES if m.startswith("lookahead.engine")):
+        used = {n for n in imports(MODULES[name], module_level_only=False) if n in MODULES}
+        assert not {u for u in used if u.startswith(("lookahead.drafter", "lookahead.integrations", "lookahead.request"))}, (name, used)
 
 
 def test_the_allowed_upward_imports_are_still_there():

@@ -1,10 +1,15 @@
 """lookahead.request.Request: the per-request bookkeeping every loop and replay share."""
 
+import random
+
 import numpy as np
+import pytest
 
 from lookahead import LookupDrafter, TokenStore
+from lookahead.engine import kernels
 from lookahead.request import Request
 from lookahead.sizing.cost import CostCurve, LineCost
+from tests.reference import KeepRate
 
 
 def started(tokens, **options) -> Request:
@@ -20,7 +25,7 @@ def test_a_step_records_what_was_drafted_and_kept_and_indexes_what_the_model_wro
     request.verified([3, 4, 7])
     assert (request.stats.drafted_per_step, request.stats.accepted_per_step) == ([len(plan.draft)], [2])
     assert request.drafter.index.tokens.tolist() == [1, 2, 3, 4, 1, 2, 3, 4, 7]
-    assert sum(request.keep_rate.kept) == 2 and sum(request.keep_rate.failed) == 1  # two kept, then a failure
+    assert request.slots.keep[0].sum(axis=0).tolist() == [2, 1]  # two kept, then a failure
 
 
 def test_sizes_follow_the_keep_rate_and_the_cost():
@@ -37,10 +42,10 @@ def test_sizes_follow_the_keep_rate_and_the_cost():
 def test_a_discarded_plan_teaches_nothing_and_extend_indexes_without_a_plan():
     request = started([1, 2, 3, 1, 2])
     request.plan(4, LineCost(1000.0))
-    before = (list(request.keep_rate.kept), list(request.keep_rate.failed))
+    before = request.slots.keep.copy()
     request.discard()
     request.extend([3, 1])  # the server moved the row on without verifying the draft
-    assert request.keep_rate.kept == before[0] and request.keep_rate.failed == before[1]
+    assert (request.slots.keep == before).all()
     assert request.last is None and request.drafter.index.tokens.tolist() == [1, 2, 3, 1, 2, 3, 1]
 
 
@@ -50,14 +55,14 @@ def test_a_trimmed_draft_teaches_only_the_tokens_checked():
     assert plan.draft.token_ids.tolist()[:3] == [3, 4, 5]
     request.verified([3, 4], checked=1)  # the server verified one drafted token, kept it, then wrote 4 of its own
     # 3 counted as verified; 4, unverified, counted as the output shows it (after the fade); 5 still watched
-    assert sum(request.keep_rate.kept) == 0.9 * 1 + 1 and sum(request.keep_rate.failed) == 0
-    assert request.keep_rate.watched
+    assert request.slots.keep[0].sum(axis=0).tolist() == [0.9 * 1 + 1, 0]
+    assert request.slots.watch[0, 0, 0] == 1
 
 
 def test_unsized_requests_verify_whole_drafts():
     request = Request(LookupDrafter(memory=False), sized=False)
     request.start([1, 2, 3, 4, 1, 2])
-    assert request.keep_rate is None and request.keep_chance(request.propose(8)) == 1.0
+    assert request.slots is None and request.keep_chance(request.propose(8)) == 1.0
     assert request.plan(8, LineCost(1.0)).draft.token_ids.tolist() == [3, 4, 1, 2]
     tree = request.plan(8, tree=True)
     assert tree.size == 0 and len(tree.chain) == 0 and len(tree.draft) >= 1
@@ -79,3 +84,47 @@ def test_finish_files_the_request_into_memory_and_its_stats_stay_readable():
     assert memory.num_sequences == 1
     request.start([7, 40, 41])  # a later request drafts from the finished one, with stats of its own
     assert request.propose(3).token_ids.tolist() == [42, 43] and request.stats.steps == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_engines_keep_rate_is_the_mirrors(seed):
+    """A request's keep rate, learnt by the engine's kernels (learn_row, settle_row), equals the plain-Python
+    mirror's (tests.reference.KeepRate) over random steps: drafts kept in part, trimmed by a server (checked),
+    discarded, tokens that came outside a plan, more rests watched than MAX_WATCHED."""
+    rng = random.Random(seed)
+    motif = [rng.randrange(1, 6) for _ in range(rng.randrange(3, 6))]
+    noise = 0.2 if seed % 2 else 0.0  # (no noise: long chains agree, and plain steps leave many rests watched)
+    truth = [t if rng.random() > noise else rng.randrange(1, 8) for t in (motif * 100)[:300]]
+    request = Request(LookupDrafter(memory=False, num_draft_tokens=12), sized=True)
+    request.start(truth[:6])
+    mirror, most_watched = KeepRate(request.drafter.max_ngram, max_watched=kernels.MAX_WATCHED), 0
+    while request.drafter.num_tokens < len(truth) - 14:
+        n = request.drafter.num_tokens
+        action = rng.random()
+        if action < 0.1:  # tokens outside a plan
+            request.extend(truth[n : n + 2])
+            mirror.settle(truth[: n + 2])
+            continue
+        chain = request.propose(12)
+        size = 0 if rng.random() < (0.5 if noise else 0.95) else rng.randrange(len(chain) + 1)
+        request.commit(chain, size)
+        if action < 0.2:  # a server dropped the draft
+            request.discard()
+            continue
+        kept = 0
+        while kept < size and chain.token_ids[kept] == truth[n + kept]:
+            kept += 1
+        written = truth[n : n + kept + 1]
+        checked = rng.randrange(size + 1) if action < 0.35 else None  # a server trimmed the draft to `checked`
+        if checked is not None and checked < kept:
+            written = truth[n : n + checked + 1]
+        request.verified(written, checked=checked)
+        if len(chain) and not (checked == 0 and size > 0):  # (sent, none verified: dropped unlearnt, as learn_row drops it)
+            mirror.observe(chain.match_len, chain.token_ids.tolist(), size if checked is None else checked, written, n)
+        mirror.settle(truth[: n + len(written)])
+        assert request.slots.keep[0, :, 0].tolist() == pytest.approx(mirror.kept), n
+        assert request.slots.keep[0, :, 1].tolist() == pytest.approx(mirror.failed), n
+        assert request.slots.watch[0, 0, 0] == len(mirror.watched)
+        assert request.keep_chance(chain) == pytest.approx(mirror.keep_chance(chain.match_len))
+        most_watched = max(most_watched, len(mirror.watched))
+    assert most_watched == kernels.MAX_WATCHED or seed % 2  # the cap was reached (seeds without noise)

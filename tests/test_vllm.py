@@ -412,8 +412,9 @@ def test_drafts_never_exceed_num_speculative_tokens():
 
 
 class ReferenceProposer:
-    """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and
-    KeepRate; one TokenStore as memory; batch_draft_sizes; worth_sending under the cost's h and d):
+    """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and its
+    keep rate, itself tested against a plain-Python mirror in tests/test_request.py; one TokenStore as memory;
+    batch_draft_sizes; worth_sending under the cost's h and d):
     what kernels.advance, batch_sizes and commit must reproduce for all rows at once."""
 
     def __init__(self, k, max_model_len, cost, eos_token_id):  # cost: fixed_cost_tokens (h), draft_cost_tokens (d)
@@ -458,7 +459,7 @@ class ReferenceProposer:
 
         bar = n_decode / (h + d + n_decode)  # a row below it for every anchor length: not drafted
         drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
-            request.keep_rate.keep_chance(m) for m in range(request.drafter.max_ngram + 1))) > bar]
+            kernels.keep_chance(request.slots.keep, request.slots.overall, 0, m) for m in range(request.drafter.max_ngram + 1))) > bar]
         out = {}
         if drafting:
             chains = {key: (request, request.propose(room)) for key, request, room in drafting}
@@ -542,8 +543,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         drafts = {key: ids for (key, _, _), ids in zip(rows, out)}
         for key, _, _ in rows:
             slot, request = proposer.requests[key], reference.requests[key]
-            assert proposer.slots.keep[slot, :, 0].tolist() == pytest.approx(request.keep_rate.kept), (step, key)
-            assert proposer.slots.keep[slot, :, 1].tolist() == pytest.approx(request.keep_rate.failed), (step, key)
+            assert proposer.slots.keep[slot].ravel().tolist() == pytest.approx(request.slots.keep[0].ravel().tolist()), (step, key)
         finished = [r for r in live if len(r[1]) + len(r[2]) >= len(r[3])]
         live = [r for r in live if r not in finished]
         for _ in finished:  # a finished request's row goes to a new one, or the batch condenses

@@ -5,10 +5,10 @@ grows every array below; the kernels only read and write them, never resize:
 
     slots = (cols, keep, overall, plan_ids, watch, watch_ids)
       cols       int64[S, NUM_COLS]     # per slot, the columns COPIED ... PLAN_POS below
-      keep       float64[S, M + 1, 2]   # per anchor length m: faded (kept tokens, failures), as sizing.KeepRate
+      keep       float64[S, M + 1, 2]   # per anchor length m: faded (kept tokens, failures): the keep rate
       overall    float64[S, 2]          # faded (kept, failed) over every length, prior (1, 1)
       plan_ids   int32[S, K]            # the pending chain (cols[s, PLAN_LEN] tokens)
-      watch      int64[S, W, 5]         # rests of chains past what was verified, oldest first (KeepRate.watched):
+      watch      int64[S, W, 5]         # rests of chains past what was verified, oldest first (learn_row):
                                         #   watch[s, 0, 0] the count; watch[s, i, 1:5] (match_len, length, position, counted)
       watch_ids  int32[S, W, K]         # their tokens
     index = (tokens, prev, table, at)   # the slots' token indexes: engine.arena.IndexArena.arrays(), entry s = slot s
@@ -30,11 +30,10 @@ import math
 
 from numba import njit
 
-from lookahead.drafter import MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
+from lookahead.policy import CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
 from lookahead.index import SEPARATOR
 from lookahead.index.kernels import EMPTY, index_ends
-from lookahead.sizing.keep_rate import KeepRate
 from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path, path_shares
 
@@ -52,11 +51,12 @@ PLAN_MATCH = 9  # its anchor's length
 PLAN_POS = 10  # the row's length when it was drafted
 NUM_COLS = 11
 
-CHAIN_WALK = (8, 4)  # LookupDrafter.chain_walk: occurrences walked (of the suffix, of the suffix less its last token)
-FIRST_REACH = 64  # LookupDrafter.first_reach
-PRIOR_WEIGHT = KeepRate.PRIOR_WEIGHT
-FADE = 0.9  # KeepRate's default fade
-MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this (KeepRate keeps every one)
+# The keep rate (learn_row, keep_chance): per anchor length, faded counts of kept tokens and failures; a length seen
+# rarely leans on the rate over all lengths (PRIOR_WEIGHT pseudo-counts of it), so a request's first steps, each
+# anchored on a longer match than the last, learn from one another.
+PRIOR_WEIGHT = 2.0
+FADE = 0.9  # old counts' weight at each update
+MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this
 
 # advance's per-row status (out_status)
 NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
@@ -72,7 +72,7 @@ def view(arena, e):
 
 @njit(cache=True, inline="always")
 def _count(keep, overall, s, m, kept, failed):
-    # KeepRate._count: old counts fade only when something is learnt
+    # old counts fade only when something is learnt
     if kept == 0 and not failed:
         return
     keep[s, m, 0] = FADE * keep[s, m, 0] + kept
@@ -83,7 +83,7 @@ def _count(keep, overall, s, m, kept, failed):
 
 @njit(cache=True, inline="always")
 def keep_chance(keep, overall, s, match_len):
-    """KeepRate.keep_chance of slot s for an anchor of match_len tokens."""
+    """The chance that a token of slot s's chain anchored on match_len tokens is kept (0.5 before anything is learnt)."""
     m = min(match_len, keep.shape[1] - 1)
     prior = overall[s, 0] / (overall[s, 0] + overall[s, 1])
     return (keep[s, m, 0] + PRIOR_WEIGHT * prior) / (keep[s, m, 0] + keep[s, m, 1] + PRIOR_WEIGHT)
@@ -91,7 +91,7 @@ def keep_chance(keep, overall, s, match_len):
 
 @njit(cache=True)
 def _settle(keep, overall, watch, watch_ids, s, row, n):
-    # KeepRate.settle against the row's tokens row[:n]; watch[s, i] = (count, match_len, length, position, counted)
+    # watched rests against the row's tokens row[:n]; watch[s, i] = (count, match_len, length, position, counted)
     kept_entries = 0
     for i in range(watch[s, 0, 0]):
         m, length, position, counted = watch[s, i, 1], watch[s, i, 2], watch[s, i, 3], watch[s, i, 4]
@@ -111,7 +111,7 @@ def _settle(keep, overall, watch, watch_ids, s, row, n):
 
 @njit(cache=True)
 def _watch(watch, watch_ids, s, m, ids, start, stop, position):
-    # KeepRate.observe's watched rest ids[start:stop] from `position`; the oldest is dropped when full
+    # learn_row's watched rest ids[start:stop] from `position`; the oldest is dropped when full
     count = watch[s, 0, 0]
     if count == watch.shape[1]:
         for i in range(1, count):
@@ -137,36 +137,70 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
 
 
 @njit(cache=True)
+def learn_row(slots, s, row, n, c, verified):
+    """What slot s learns once a step wrote its last c tokens, row[n - c:n] (row[:n]: the request's tokens),
+    verified[r] of its pending plan's tokens checked: the plan is resolved (Request.verified) and watched rests
+    settle against the row. Returns LEARNT (the plan taught the keep rate: the request moved by the step's
+    tokens and its draft was checked, or nothing of it was sent), DISCARDED (sent, not verified: dropped
+    unlearnt) or NO_PLAN.
+
+    The keep rate, per anchor length m of the plan: its first `agree` tokens equal to what the model wrote
+    count as kept, a disagreement among the checked tokens as one failure (counts fade by FADE when either
+    grows); a chain all of whose checked tokens agree has its unchecked rest watched (MAX_WATCHED, oldest
+    dropped), each rest token counted as the model later writes it, a disagreement as its failure."""
+    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    status = NO_PLAN
+    if cols[s, PLAN_LEN] >= 0:
+        moved = c > 0 and n == cols[s, PLAN_POS] + c
+        if moved and not (cols[s, PLAN_SIZE] > 0 and verified == 0):
+            length = cols[s, PLAN_LEN]
+            checked = min(verified, c, length)
+            agree = 0
+            while agree < checked and plan_ids[s, agree] == row[n - c + agree]:
+                agree += 1
+            m = min(cols[s, PLAN_MATCH], keep.shape[1] - 1)
+            _count(keep, overall, s, m, agree, agree < checked)
+            if agree == checked and agree < length:
+                _watch(watch, watch_ids, s, cols[s, PLAN_MATCH], plan_ids[s], agree, length, cols[s, PLAN_POS] + agree)
+            status = LEARNT
+        elif cols[s, PLAN_SIZE] > 0:
+            status = DISCARDED
+        cols[s, PLAN_LEN] = -1
+    if watch[s, 0, 0]:
+        _settle(keep, overall, watch, watch_ids, s, row, n)
+    return status
+
+
+@njit(cache=True)
+def settle_row(slots, s, row, n):
+    """Slot s's watched rests settle against row[:n] (tokens that came outside a plan)."""
+    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    if watch[s, 0, 0]:
+        _settle(keep, overall, watch, watch_ids, s, row, n)
+
+
+@njit(cache=True)
+def plan_row(slots, s, ids, length, size, match, position):
+    """Slot s's pending plan (Request.commit): the chain ids[:length] (at most K tokens kept), `size` of its
+    tokens sent, anchored on `match` tokens, drafted when the request had `position` tokens."""
+    cols, plan_ids = slots[0], slots[3]
+    length = min(length, plan_ids.shape[1])
+    cols[s, PLAN_LEN], cols[s, PLAN_SIZE], cols[s, PLAN_MATCH], cols[s, PLAN_POS] = length, size, match, position
+    for j in range(length):
+        plan_ids[s, j] = ids[j]
+
+
+@njit(cache=True)
 def _learn(rows, slots, index, out):
     # advance's first pass: each row's pending plan resolved, its watched rests settled, its new tokens copied
     rows_slot, num_tokens, num_sampled, verified, _, _, token_ids = rows
-    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    cols = slots[0]
     out_status = out[5]
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
-        c = num_sampled[r]
         row = token_ids[r]
-        out_status[r] = NO_PLAN
-        if cols[s, PLAN_LEN] >= 0:
-            moved = c > 0 and n == cols[s, PLAN_POS] + c
-            if moved and not (cols[s, PLAN_SIZE] > 0 and verified[r] == 0):
-                # KeepRate.observe(match, chain, checked=verified, written=row[n - c:n], position)
-                length = cols[s, PLAN_LEN]
-                checked = min(verified[r], c, length)
-                agree = 0
-                while agree < checked and plan_ids[s, agree] == row[n - c + agree]:
-                    agree += 1
-                m = min(cols[s, PLAN_MATCH], keep.shape[1] - 1)
-                _count(keep, overall, s, m, agree, agree < checked)
-                if agree == checked and agree < length:
-                    _watch(watch, watch_ids, s, cols[s, PLAN_MATCH], plan_ids[s], agree, length, cols[s, PLAN_POS] + agree)
-                out_status[r] = LEARNT
-            elif cols[s, PLAN_SIZE] > 0:
-                out_status[r] = DISCARDED
-            cols[s, PLAN_LEN] = -1
-        if watch[s, 0, 0]:
-            _settle(keep, overall, watch, watch_ids, s, row, n)
+        out_status[r] = learn_row(slots, s, row, n, num_sampled[r], verified[r])
         if n > cols[s, COPIED]:
             tok = view(index, s)[0]
             for pos in range(cols[s, COPIED], n):
@@ -366,7 +400,6 @@ def commit(rows_slot, num_tokens, sizes, out, slots):
     """Records each drafted row's plan (Request.commit): its chain (out's), the `sizes[r]` tokens of it sent.
     Returns (tokens drafted, tokens sent) over the rows."""
     out_ids, out_len, out_match = out[0], out[1], out[2]
-    cols, plan_ids = slots[0], slots[3]
     drafted = 0
     sent = 0
     for r in range(rows_slot.shape[0]):
@@ -375,8 +408,5 @@ def commit(rows_slot, num_tokens, sizes, out, slots):
             continue
         drafted += length
         sent += sizes[r]
-        s = rows_slot[r]
-        cols[s, PLAN_LEN], cols[s, PLAN_SIZE], cols[s, PLAN_MATCH], cols[s, PLAN_POS] = length, sizes[r], out_match[r], num_tokens[r]
-        for j in range(length):
-            plan_ids[s, j] = out_ids[r, j]
+        plan_row(slots, rows_slot[r], out_ids[r], length, sizes[r], out_match[r], num_tokens[r])
     return drafted, sent

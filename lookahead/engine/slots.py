@@ -8,12 +8,10 @@ groups, taken anew at each call: growth replaces arrays, so nothing keeps an old
 import numpy as np
 
 from lookahead.engine import kernels
-from lookahead.engine.arena import TABLE_CAP, TOKEN_CAP, IndexArena
+from lookahead.engine.arena import IndexArena
 from lookahead.engine.kernels import COPIED, DOC, FIRST_TOKEN, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
+from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
 
-GROWTH = 1.5  # a slot's regions grow by this factor (TokenIndex's)
-MAX_LOAD = 0.82  # table slots used / slots before it grows (TokenIndex's)
-MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities
 
 
 class Slots:
@@ -24,10 +22,12 @@ class Slots:
         num_draft_tokens: K, the longest chain (plan_ids' width).
         min_ngram, max_ngram: the index's grams (the keep rate's lengths are 0..max_ngram).
         min_tokens, min_table: a new slot's token and table capacities.
+        indexes: whether the slots hold token indexes (an arena); without, they hold what a request learns and
+            plans alone (lookahead.request.Request: its drafter holds its index).
     """
 
     def __init__(self, slots: int, num_draft_tokens: int, min_ngram: int, max_ngram: int, *,
-                 min_tokens: int = MIN_TOKENS, min_table: int = MIN_SLOTS):
+                 min_tokens: int = MIN_TOKENS, min_table: int = MIN_SLOTS, indexes: bool = True):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.k = num_draft_tokens
         self.min_tokens, self.min_table = min_tokens, min_table
@@ -39,7 +39,7 @@ class Slots:
         self.plan_ids = np.zeros((0, k), dtype=np.int32)  # (slot, K) the pending chain
         self.watch = np.zeros((0, w, 5), dtype=np.int64)  # (slot, W, 5) watched rests (kernels' layout)
         self.watch_ids = np.zeros((0, w, k), dtype=np.int32)  # (slot, W, K) their tokens
-        self.index = IndexArena(0)  # entry s: slot s's token index
+        self.index = IndexArena(0) if indexes else None  # entry s: slot s's token index
         self._free: list[int] = []
         self._grow_slots(slots)
 
@@ -53,9 +53,20 @@ class Slots:
 
         self.cols, self.keep, self.overall = grown(self.cols), grown(self.keep), grown(self.overall)
         self.plan_ids, self.watch, self.watch_ids = grown(self.plan_ids), grown(self.watch), grown(self.watch_ids)
-        self.index.grow_entries(slots)
+        if self.index is not None:
+            self.index.grow_entries(slots)
         self._free.extend(range(slots - 1, old - 1, -1))
         self.capacity = slots
+
+    def widen(self, num_draft_tokens: int) -> None:
+        """Room for chains of `num_draft_tokens` tokens (plan_ids' and watch_ids' width)."""
+        if num_draft_tokens > self.k:
+            for name in ("plan_ids", "watch_ids"):
+                array = getattr(self, name)
+                wider = np.zeros((*array.shape[:-1], num_draft_tokens), dtype=array.dtype)
+                wider[..., : self.k] = array
+                setattr(self, name, wider)
+            self.k = num_draft_tokens
 
     def state(self) -> tuple:
         """The kernels' `slots` group: (cols, keep, overall, plan_ids, watch, watch_ids)."""
@@ -63,7 +74,7 @@ class Slots:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state()) + self.index.nbytes
+        return sum(a.nbytes for a in self.state()) + (self.index.nbytes if self.index is not None else 0)
 
     def allocate(self, prompt_len: int, doc: int, first_token: int) -> int:
         """A cleared slot for a new request, its index regions of the first capacities."""
@@ -76,12 +87,14 @@ class Slots:
         self.keep[s] = 0.0
         self.overall[s] = 1.0
         self.watch[s, 0, 0] = 0
-        self.index.allocate(s, self.min_tokens, self.min_table)
+        if self.index is not None:
+            self.index.allocate(s, self.min_tokens, self.min_table)
         return s
 
     def free(self, s: int) -> None:
         """The request in slot s is gone: its regions are the arena's garbage, the slot free."""
-        self.index.free(s)
+        if self.index is not None:
+            self.index.free(s)
         self._free.append(s)
 
     def tokens_of(self, s: int) -> np.ndarray:
@@ -99,7 +112,3 @@ class Slots:
             s = int(slots[r])
             self.cols[s, USED] = self.index.resize(s, int(new_tokens[r]), int(new_table[r]), copied=int(self.cols[s, COPIED]),
                                                    used=int(self.cols[s, USED]))
-
-    def capacities(self, s: int) -> tuple[int, int]:
-        """(token capacity, table capacity) of slot s."""
-        return int(self.index.at[s, TOKEN_CAP]), int(self.index.at[s, TABLE_CAP])

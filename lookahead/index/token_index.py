@@ -8,10 +8,10 @@ from lookahead.index import kernels
 
 DEFAULT_MIN_NGRAM = 1  # a single token may anchor a draft
 DEFAULT_MAX_NGRAM = 8  # the longest suffix tried (longer ones add under 0.3% tau: notes/design-provenance.md)
-_GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
-_MAX_LOAD = 0.82  # slots used / slots, before the table grows
-_MIN_SLOTS = 1024
-_MIN_TOKENS = 256
+GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
+MAX_LOAD = 0.82  # slots used / slots, before the table grows
+MIN_SLOTS = 1024  # a new index's table slots
+MIN_TOKENS = 256  # and tokens
 _CHUNK = 4096  # end positions indexed per kernel call on a long extend
 _warmed_up = False
 
@@ -78,9 +78,9 @@ class TokenIndex:
             _warmed_up = True
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
-        self._tokens = np.zeros(_MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) token ids; valid below self._n
-        self._prev = np.zeros(_MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) previous end of the same min_ngram-gram
-        self._table = np.full(_MIN_SLOTS, kernels.EMPTY, dtype=np.int32)  # (cap_slots,) see kernels.py
+        self._tokens = np.zeros(MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) token ids; valid below self._n
+        self._prev = np.zeros(MIN_TOKENS, dtype=np.int32)  # (cap_tokens,) previous end of the same min_ngram-gram
+        self._table = np.full(MIN_SLOTS, kernels.EMPTY, dtype=np.int32)  # (cap_slots,) see kernels.py
         self._n = 0  # tokens held
         self._used = 0  # table slots used
         self._ends = np.zeros(max_ngram + 1, dtype=np.int64)  # (max_ngram + 1,) out-buffer of kernels.match_ends
@@ -130,7 +130,7 @@ class TokenIndex:
         if self._n + count > kernels.MAX_POSITIONS:
             raise ValueError(f"TokenIndex holds at most {kernels.MAX_POSITIONS} tokens, got {self._n + count}")
         if self._n + count > self._tokens.shape[0]:
-            capacity = max(int(self._tokens.shape[0] * _GROWTH), self._n + count)
+            capacity = max(int(self._tokens.shape[0] * GROWTH), self._n + count)
             grown = np.zeros(capacity, dtype=np.int32)
             grown[: self._n] = self._tokens[: self._n]
             self._tokens = grown
@@ -179,13 +179,13 @@ class TokenIndex:
         return self._tokens[end + 1 : min(end + 1 + max_tokens, self._n)].astype(np.int64)
 
     def _reserve(self, new_slots: int) -> None:
-        # Grows the table so that `new_slots` more slots keep it at most _MAX_LOAD full.
+        # Grows the table so that `new_slots` more slots keep it at most MAX_LOAD full.
         need = self._used + new_slots
-        if need <= _MAX_LOAD * self._table.shape[0]:
+        if need <= MAX_LOAD * self._table.shape[0]:
             return
         capacity = self._table.shape[0]
-        while need > _MAX_LOAD * capacity:
-            capacity = int(capacity * _GROWTH)
+        while need > MAX_LOAD * capacity:
+            capacity = int(capacity * GROWTH)
         table = np.full(capacity, kernels.EMPTY, dtype=np.int32)
         self._used = kernels.rehash(self._tokens, self._table, table)
         self._table = table

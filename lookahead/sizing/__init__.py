@@ -1,6 +1,7 @@
 """Cost-aware draft sizing (numpy and numba only): how many drafted tokens are worth verifying.
 
-- `keep_rate.KeepRate`: per request, the chance that a drafted token is kept, per anchor match length;
+- the keep chance (per request, the chance that a drafted token is kept, per anchor match length) is
+  learnt by the engine's kernels (lookahead.engine.kernels.learn_row, keep_chance);
 - `cost`: what a verify step over `rows` x `width` tokens costs, behind one interface
   `cost(rows, width)` (relative to a plain one-row step) and `fixed_cost_tokens` (F / p):
   the measured curve for one row (`StepCosts`), the fitted line for many (`StepCostFit`);

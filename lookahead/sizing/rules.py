@@ -1,4 +1,4 @@
-"""How many drafted tokens a step verifies, given keep chances (KeepRate) and a cost (sizing.cost).
+"""How many drafted tokens a step verifies, given keep chances (engine.kernels.keep_chance) and a cost (sizing.cost).
 
 One row (`chain_size`): with a per-token keep chance a, a chain cut to n tokens yields
 
@@ -68,7 +68,7 @@ def batch_draft_sizes(keep_chances, lengths, *, cost, shares=None) -> list[int]:
     row verifies a prefix of its draft.
 
     Args:
-        keep_chances: per row, the chance a drafted token is kept (KeepRate.keep_chance).
+        keep_chances: per row, the chance a drafted token is kept (engine.kernels.keep_chance).
         lengths: per row, the drafted tokens available (0: none).
         cost: the step's cost (sizing.cost); only its fixed part in verified tokens, F / p, is read.
         shares: per row, at least lengths[i] shares in [0, 1], not rising with j (None: all 1).
@@ -181,7 +181,7 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
     padding would cost as much). Ties go to the narrower block.
 
     Args:
-        keep_chances: per row, the chance a drafted token is kept (KeepRate.keep_chance).
+        keep_chances: per row, the chance a drafted token is kept (engine.kernels.keep_chance).
         lengths: per row, the drafted tokens available (0: none).
         remaining: per row, the most tokens it may still write (>= 1).
         rates: per row, its tokens per step so far (>= 1).

@@ -46,8 +46,9 @@ from lookahead.engine import kernels
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.engine.documents import DocumentStores
 from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
-from lookahead.engine.slots import GROWTH, MAX_LOAD, Slots
+from lookahead.engine.slots import Slots
 from lookahead.index import TokenIndex, as_id_set
+from lookahead.index.token_index import GROWTH, MAX_LOAD
 from lookahead.index.kernels import MAX_NGRAM
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
@@ -61,7 +62,7 @@ LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (
 INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps: a hand-off at every step cost c=16's steps 0.04 ms
                   # where little waits (docs/vllm.md, "indexing between steps"); a new request's prompt is hundreds
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
-MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (tests start them smaller to make slots grow)
+MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (TokenIndex's; tests start smaller to grow)
 
 
 class LookupProposer:
