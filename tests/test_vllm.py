@@ -31,7 +31,9 @@ from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine
 from lookahead.engine import kernels
 from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
+import lookahead.engine.batch as batch_module
 import lookahead.integrations.vllm.proposer as proposer_module
+from lookahead.engine.between_steps import BetweenSteps
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
 
@@ -169,7 +171,7 @@ def test_memory_serves_a_later_request(identity):
 
 
 def test_between_steps_runs_the_calls_in_order_and_raises_their_error_at_the_next_wait():
-    worker, seen = proposer_module.BetweenSteps(), []
+    worker, seen = BetweenSteps(), []
     worker.submit(seen.append, 1)
     worker.submit(seen.append, 2)
     worker.wait()
@@ -187,15 +189,15 @@ def test_a_call_queued_between_steps_keeps_the_slots_it_indexes_alive(monkeypatc
     import gc
     import weakref
 
-    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)
+    monkeypatch.setattr(batch_module, "INDEX_AHEAD", 1)
     proposer, queued = new_proposer(cost_aware=True, fixed_cost_tokens=1.0), []
     proposer.cost = SimpleNamespace(fixed_cost_tokens=0.001, draft_cost_tokens=0.0, wants_plain_step=lambda: False)  # no chance clears the bar: rows
     runner = FakeRunner(proposer)  # draft (and index) only on learning steps, and leave their tokens to the thread
-    proposer._worker = SimpleNamespace(submit=lambda fn, *args: queued.append((fn, args)), wait=lambda: None)
+    proposer.batch.worker = SimpleNamespace(submit=lambda fn, *args: queued.append((fn, args)), wait=lambda: None)
     runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14]), ("b", [30, 31], [32])], [[14], [32]])
     runner.step(proposer, [("a", [9, 10, 11, 12, 13], [14, 15]), ("b", [30, 31], [32, 33])], [[15], [33]])
     assert queued, "no indexing was handed to the thread"
-    slots = weakref.ref(proposer.slots)
+    slots = weakref.ref(proposer.batch.slots)
     del proposer, runner
     gc.collect()
     assert slots() is not None
@@ -296,7 +298,7 @@ def test_runner_without_request_ids_warns_once(vllm_log):
 
 def learnt(proposer, key) -> tuple[list, list]:
     """What a request's keep rate has counted: kept tokens and failures per anchor length."""
-    keep = proposer.slots.keep[proposer.requests[key]]
+    keep = proposer.batch.slots.keep[proposer.requests[key]]
     return keep[:, 0].tolist(), keep[:, 1].tolist()
 
 
@@ -498,7 +500,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
     (and rehash, and the arena that holds them grows and compacts) as the rows do, and two slots, so that more are
     added; with index_ahead, the rows' new tokens are indexed between steps from that many."""
     if index_ahead is not None:
-        monkeypatch.setattr(proposer_module, "INDEX_AHEAD", index_ahead)
+        monkeypatch.setattr(batch_module, "INDEX_AHEAD", index_ahead)
     if first_capacity is not None:
         monkeypatch.setattr(proposer_module, "MIN_TOKENS", first_capacity[0])
         monkeypatch.setattr(proposer_module, "MIN_SLOTS", first_capacity[1])
@@ -543,7 +545,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         drafts = {key: ids for (key, _, _), ids in zip(rows, out)}
         for key, _, _ in rows:
             slot, request = proposer.requests[key], reference.requests[key]
-            assert proposer.slots.keep[slot].ravel().tolist() == pytest.approx(request.slots.keep[0].ravel().tolist()), (step, key)
+            assert proposer.batch.slots.keep[slot].ravel().tolist() == pytest.approx(request.slots.keep[0].ravel().tolist()), (step, key)
         finished = [r for r in live if len(r[1]) + len(r[2]) >= len(r[3])]
         live = [r for r in live if r not in finished]
         for _ in finished:  # a finished request's row goes to a new one, or the batch condenses
@@ -553,7 +555,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         if not live:
             live, started = [new_request(started)], started + 1
     assert proposer.stats.finished > 0
-    assert proposer.slots.capacity > 2 or not first_capacity
+    assert proposer.batch.slots.capacity > 2 or not first_capacity
     if h >= 1:
         assert proposer.stats.drafts > 0
     else:  # drafted only on the learning steps, never sent, and their chains taught the keep rates
@@ -652,7 +654,7 @@ def test_load_rule_follows_measured_acceptance():
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
         slot = proposer.requests["a"]
-        chain = proposer.slots.plan_ids[slot, : proposer.slots.cols[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
+        chain = proposer.batch.slots.plan_ids[slot, : proposer.batch.slots.cols[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
     assert long_draft >= 6 and first == []
@@ -884,9 +886,9 @@ def test_requests_draft_from_the_documents_their_prompt_selects(tmp_path):
     runner = FakeRunner(proposer)
     rows = [(f"q{i}", [1, 2] + docs[i][10:30], [docs[i][30]]) for i in (3, 250)]
     assert runner.step(proposer, rows, [[docs[3][30]], [docs[250][30]]]) == [docs[3][31:35], docs[250][31:35]]
-    assert proposer.document_stores.live == 2  # one store each: they select different documents
+    assert proposer.batch.document_stores.live == 2  # one store each: they select different documents
     runner.step(proposer, [("q9", [7], [8])], [[8]])  # both finished: their stores went with them
-    assert proposer.document_stores.live == 0
+    assert proposer.batch.document_stores.live == 0
 
 
 def test_serving_memory_stays_bounded_over_many_requests(tmp_path):
@@ -916,12 +918,12 @@ def test_serving_memory_stays_bounded_over_many_requests(tmp_path):
 def test_close_joins_the_proposers_threads_and_refuses_later_steps(tmp_path, monkeypatch):
     import threading
 
-    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)  # index between steps: the thread starts
+    monkeypatch.setattr(batch_module, "INDEX_AHEAD", 1)  # index between steps: the thread starts
     proposer = new_proposer(stats_path=str(tmp_path / "stats.json"))
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5])], [[5]])
     runner.step(proposer, [("b", B, [20])], [[20]])  # "a" finished: filed into memory on the thread
-    threads = [proposer._worker._thread, proposer._stats_file._thread]
+    threads = [proposer.batch.worker._thread, proposer._stats_file._thread]
     assert all(t in threading.enumerate() for t in threads)
     proposer.close()
     assert not any(t.is_alive() for t in threads)
@@ -930,18 +932,18 @@ def test_close_joins_the_proposers_threads_and_refuses_later_steps(tmp_path, mon
         runner.step(proposer, [("b", B, [20, 21])], [[21]])
     with new_proposer() as other:  # a context manager closes it too
         FakeRunner(other).step(other, [("c", C, [40])], [[40]])
-    assert other._closed and not other._worker.alive
+    assert other._closed and not other.batch.worker.alive
 
 
 def test_a_collected_proposer_joins_its_thread(monkeypatch):
     import gc
 
-    monkeypatch.setattr(proposer_module, "INDEX_AHEAD", 1)
+    monkeypatch.setattr(batch_module, "INDEX_AHEAD", 1)
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5])], [[5]])
     runner.step(proposer, [("b", B, [20])], [[20]])  # "a" finished: filed into memory on the thread
-    worker = proposer._worker
+    worker = proposer.batch.worker
     assert worker.alive
     del runner
     del proposer

@@ -329,7 +329,7 @@ class LoopCosts:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
             (lookahead.integrations.calibration), or None: learnt from the call's steps.
         tree_over_chain: a calibration's one-row step over a 16-node tree over its step over a
-            16-token chain (nan: no trees measured), or None.
+            16-token chain (nan: no trees measured), or None: learnt (the TREE_SAMPLES steps' median).
         head_ratio: as StepCosts's, for the priors drawn from prefills (the curve's and the line's).
     """
 
@@ -374,14 +374,14 @@ class LoopCosts:
         elif self.curve.calibrated is not None and self.trees() is None:
             if self.tree_warm:
                 self.tree_ratios.append(seconds / self.curve.seconds_at(width))
+                if len(self.tree_ratios) == self.TREE_SAMPLES:  # decided: read at every step from here on
+                    self.tree_over_chain = float(np.median(self.tree_ratios))
             self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
 
     def tree_ratio(self) -> float | None:
         """A tree step's cost over a chain step's of its width: the calibration's, else the median of
         the TREE_SAMPLES tree steps' (None: not known yet)."""
-        if self.tree_over_chain is not None:
-            return self.tree_over_chain
-        return float(np.median(self.tree_ratios)) if len(self.tree_ratios) >= self.TREE_SAMPLES else None
+        return self.tree_over_chain
 
     def trees(self) -> bool | None:
         """Whether a tree step costs at most 1 + NOISE times a chain step of its width (None: not known yet)."""

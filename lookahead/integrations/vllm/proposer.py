@@ -18,10 +18,10 @@ requests), so state is keyed by request, never by row:
   (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
   without us) is neither counted nor taught to the sizer, and one vLLM made itself (its
   placeholders, its zeros) is counted, as its metrics count it, and taught nothing (`_verified`).
-- per request: a slot of `engine.slots.Slots` (its tokens, index, keep rate per anchor length, last
-  plan), walked for all rows at once by kernels.advance, which does what lookahead.request.Request
-  and LookupDrafter do for one. All requests share one bounded TokenStore (memory: each finished
-  request is added to it) and an optional DocumentLibrary.
+- per request: its drafting state in the engine (lookahead.engine.batch.Batch: a slot with its
+  tokens, index, keep rate and last plan, the documents store it consults), walked for all rows
+  at once by the kernels lookahead.request.Request runs for one (LookupDrafter's chains, the same
+  keep rate). All requests share one bounded TokenStore (memory: each finished request is added to it).
 - load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
   with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it) and each chance trusted as far as the load's
@@ -32,35 +32,24 @@ requests), so state is keyed by request, never by row:
 vLLM is not imported here: it builds this class and hands it plain arrays.
 """
 
-import contextlib
 import sys
 import threading
 import time
-import weakref
 from types import SimpleNamespace
 
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
-from lookahead.engine.between_steps import BetweenSteps
-from lookahead.engine.documents import DocumentStores
-from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
-from lookahead.engine.slots import Slots
-from lookahead.index import TokenIndex, as_id_set
-from lookahead.index.token_index import GROWTH, MAX_LOAD
-from lookahead.index.kernels import MAX_NGRAM
+from lookahead.engine.batch import Batch
+from lookahead.integrations.vllm.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
-from lookahead.integrations.vllm.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
-from lookahead.trie import NO_VOCAB_LIMIT
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
-INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps: a hand-off at every step cost c=16's steps 0.04 ms
-                  # where little waits (docs/vllm.md, "indexing between steps"); a new request's prompt is hundreds
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
 MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (TokenIndex's; tests start smaller to grow)
 
@@ -72,11 +61,12 @@ class LookupProposer:
         vllm_config: vLLM's VllmConfig (read: speculative_config.num_speculative_tokens,
             model_config.max_model_len and hf_config.eos_token_id, scheduler_config.max_num_seqs,
             additional_config["lookahead"]).
+        thread: file finished requests and index new tokens between steps on a thread (False: in the step).
     Raises:
         ValueError, TypeError: bad options (see read_options).
     """
 
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, *, thread: bool = True):
         self.num_draft_tokens = k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         extra = getattr(vllm_config, "additional_config", None) or {}
@@ -87,9 +77,7 @@ class LookupProposer:
             self.memory = TokenStore.load(options["memory_path"])
         elif options["memory"]:
             self.memory = TokenStore(max_tokens=options["memory_tokens"], min_ngram=min_ngram, max_ngram=max_ngram)
-        self._worker: BetweenSteps | None = BetweenSteps()  # None: its calls run at once, in the step
-        self._finished: list = []  # this step's finished requests' tokens, filed after its drafts
-        self.documents = DocumentLibrary.load(options["documents_path"]) if options["documents_path"] else DocumentLibrary()
+        documents = DocumentLibrary.load(options["documents_path"]) if options["documents_path"] else DocumentLibrary()
         hf_config = getattr(vllm_config.model_config, "hf_config", None)
         self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
         fixed = options["fixed_cost_tokens"]
@@ -101,23 +89,13 @@ class LookupProposer:
         self.runner = None  # vLLM's model runner, when load_model finds it
         self._warned_content = False  # the content-matching warning is given once
         max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 256) or 256)
-        self.slots = Slots(2 * max_num_seqs, k, min_ngram, max_ngram, min_tokens=MIN_TOKENS, min_table=MIN_SLOTS)
+        # every live request's drafting state: the engine (lookahead.engine.batch)
+        self.batch = Batch(rows=max_num_seqs, num_draft_tokens=k, max_model_len=self.max_model_len, min_ngram=min_ngram,
+                           max_ngram=max_ngram, draft_factor=options["draft_factor"], memory=self.memory, documents=documents,
+                           eos_token_id=self.eos_token_id, min_tokens=MIN_TOKENS, min_table=MIN_SLOTS, thread=thread)
         self.requests: dict = {}  # request id (or content key) -> slot
         self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        self.document_stores = DocumentStores(self.documents, min_ngram=min_ngram, max_ngram=max_ngram)  # per live request
-        # the kernels' shared buffers, allocated once:
-        nodes = 1 + (kernels.CHAIN_WALK[0] + kernels.CHAIN_WALK[1] + 4) * k
-        eos = np.fromiter(sorted(as_id_set(self.eos_token_id)), dtype=np.int64)
-        self._trie = (np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), np.zeros(nodes, np.float64),
-                      np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT)  # (node,) trie.py's layout
-        self._ends = np.zeros(MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) scratch of match_ends
-        self._scratch = np.zeros(3, dtype=np.int64)  # (3,) a trie kernel's results
-        self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
-        self._grams = (min_ngram, max_ngram)
-        self._draft_factor = float(options["draft_factor"])
-        self._work = (self._trie, self._ends, self._scratch)  # advance's scratch group
-        self._rows = 0
-        self._row_buffers(max_num_seqs)
+        self._ours = self._theirs = np.zeros(0, dtype=np.int64)  # (row,) tokens of our / vLLM's own draft verified
         self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
         self._retired = False  # whether a request was retired since _slots_seen
         self._row_keys: list = []  # content mode: key of each row at the last step
@@ -126,32 +104,9 @@ class LookupProposer:
         self._last_keys: list = []  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
-        self._counts = np.zeros(5, dtype=np.int64)  # a step's counts (kernels.count_drafts, run by advance)
-        self._per_pos = np.zeros(k, dtype=np.int64)
         self._lock = threading.Lock()  # held by a step and by the counters file's writer
         self._closed = False
         self._stats_file = StatsFile(options["stats_path"], self._stats_snapshot, self._lock) if options["stats_path"] else None
-        # the thread is joined on close(), when the proposer is collected, and at interpreter exit (finalize's atexit)
-        self._close_worker = weakref.finalize(self, self._worker.close)
-
-    def _row_buffers(self, rows: int) -> None:
-        """The per-row out-buffers of the kernels, for at least `rows` rows."""
-        if rows <= self._rows:
-            return
-        self._rows = rows = max(rows, 2 * self._rows)
-        self._out_ids = np.zeros((rows, self.num_draft_tokens), dtype=np.int64)  # (row, K) the chain drafted
-        self._out_len = np.zeros(rows, dtype=np.int64)  # (row,) its length
-        self._out_match = np.zeros(rows, dtype=np.int64)  # (row,) its anchor's length
-        self._out_chance = np.zeros(rows, dtype=np.float64)  # (row,) its keep chance per token
-        self._out_share = np.zeros((rows, self.num_draft_tokens), dtype=np.float64)  # (row, K) its path's branch shares
-        self._out_status = np.zeros(rows, dtype=np.int64)  # (row,) kernels.LEARNT, DISCARDED or NO_PLAN
-        self._sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent
-        self._room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
-        self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
-        self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
-        self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
-        self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (_verified)
-        self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of vLLM's own draft it verified
 
     # -- vLLM's hooks ------------------------------------------------------------------------
 
@@ -177,16 +132,16 @@ class LookupProposer:
         probe = LookupProposer(SimpleNamespace(
             speculative_config=SimpleNamespace(num_speculative_tokens=self.num_draft_tokens),
             model_config=SimpleNamespace(max_model_len=self.max_model_len, hf_config=SimpleNamespace(eos_token_id=None)),
-            scheduler_config=SimpleNamespace(max_num_seqs=1), additional_config={OPTION_KEY: options}))
+            scheduler_config=SimpleNamespace(max_num_seqs=1), additional_config={OPTION_KEY: options}),
+            thread=False)  # its calls at once, so that they compile here
         probe._warned_content = True
-        probe._worker = None  # its calls at once, so that they compile here: no thread for the probe
         probe.memory.add([1, 2, 3, 1, 2])
         tokens = np.array([[1, 2, 3, 1, 2, 0, 0], [5, 2, 3, 0, 0, 0, 0]], dtype=np.int32)
         probe.propose([[2], [3]], np.array([5, 3], dtype=np.int32), tokens)
         tokens[0, 5] = 3
         probe.propose([[3]], np.array([6], dtype=np.int32), tokens[:1])
         row = np.zeros(1, dtype=np.int64)  # (a row without room: nothing indexed)
-        probe.slots.index_rows(row, row)  # the thread's kernel, compiled here and not mid-serving
+        probe.batch.slots.index_rows(row, row)  # the thread's kernel, compiled here and not mid-serving
         probe.close()
         if not (kernels.advance.signatures and kernels.commit.signatures and kernels.index_rows.signatures):
             raise RuntimeError("lookahead: the proposer's warm-up compiled no kernel")
@@ -216,10 +171,9 @@ class LookupProposer:
         return out
 
     def _step(self, sampled, num_tokens_no_spec, token_ids, start) -> list[list[int]]:
-        if self._worker is not None:
-            self._worker.wait()  # the last step's calls have run: the memory and the slots are the step's own again
+        batch = self.batch
+        batch.wait()  # the last step's calls have run: the memory and the slots are the step's own again
         num_rows = len(sampled)
-        self._row_buffers(num_rows)
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
         lengths = [len(ids) for ids in sampled]  # (row,) a list: the step's Python reads it without numpy's per-call cost
         num_sampled = np.array(lengths, dtype=np.int64)  # (row,)
@@ -228,27 +182,12 @@ class LookupProposer:
         verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
         self._measure_step(keys, lengths, joined, start)
 
-        s = self.slots
-        room = self._room[:num_rows]  # (row,) the most tokens a chain may hold
-        new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
-        rows = (slots, num_tokens, num_sampled, verified, theirs, room, token_ids)  # the kernels' per-row group
-        limits = (self.num_draft_tokens, self.max_model_len, s.max_ngram - s.min_ngram + 1, MAX_LOAD, GROWTH)
-        decode, grows = kernels.room_and_growth(rows, s.cols, s.index.at, limits, new_tokens, new_table)
-        if grows:
-            s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
+        decode = batch.begin(slots, num_tokens, num_sampled, verified, theirs, token_ids)
         h, d = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens
         trust = self.kept_share.trust(decode) if self.kept_share is not None and decode else 1.0
         bar = decode / (h + d + decode) / trust if self.options["cost_aware"] and decode else -1.0
-        force = self.stats.steps % LEARN_EVERY == 0
-        memory = self.memory
-        options = (*self._grams, self._draft_factor, memory is not None, bar, force)
-        results = (self._out_ids, self._out_len, self._out_match, self._out_chance, self._out_share, self._out_status,
-                   self._counts, self._per_pos)  # advance's out group
-        # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
-        with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
-            drafting, counted, pending = kernels.advance(rows, s.state(), s.index.arrays(), self.document_stores.arrays(),
-                                                         memory_index, options, self._work, results)
+        drafting, counted = batch.advance(bar=bar, force=self.stats.steps % LEARN_EVERY == 0)
         accepted = self.stats.accepted_tokens
         if counted:
             self._count_step()
@@ -256,11 +195,11 @@ class LookupProposer:
             self.kept_share.observe(*self._sent_promise, self.stats.accepted_tokens - accepted)
         self.stats.skipped_steps += decode > 0 and not drafting
 
-        chains, sizes = self._out_len[:num_rows], self._sizes[:num_rows]  # (row,) each chain's length, its tokens sent
+        chains, sizes = batch.out_len[:num_rows], batch.sizes[:num_rows]  # (row,) each chain's length, its tokens sent
         sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = batch_sizes(self._out_chance[:num_rows], self._out_share[:num_rows], chains, decode, h + d,
+            taken, expected = batch_sizes(batch.out_chance[:num_rows], batch.out_share[:num_rows], chains, decode, h + d,
                                            sizes, trust)
             if taken:
                 if self.cost.wants_plain_step() or not worth_sending(decode, expected, taken, h, d):
@@ -273,22 +212,19 @@ class LookupProposer:
         out: list[list[int]] = [[] for _ in range(num_rows)]
         self._sent = {}
         if drafting:
-            drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, results, s.state())
+            drafted, sent_tokens = batch.commit(slots, num_tokens, sizes)
             if sent_tokens:  # a loop over Python lists, numpy called once per row sent: numpy's per-call cost is what a step saves on
-                ids, slot_of = self._out_ids, slots.tolist()
+                ids, slot_of = batch.out_ids, slots.tolist()
                 for row, size in enumerate(sizes.tolist()):
                     if size:
                         out[row] = self._sent[slot_of[row]] = ids[row, :size].tolist()
             self.stats.cut_tokens += drafted - sent_tokens
-
-        if self._finished:
-            self._file_finished()
-        if pending >= INDEX_AHEAD:  # what the rows that did not draft would index when they next draft
-            self._between(s.index_rows, slots, room)
+        batch.end_step(slots)
         self.stats.steps += 1
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = self.cost.draft_cost_tokens
-        self.stats.memory_tokens = len(memory) if memory is not None else 0
+        self.stats.memory_tokens = len(self.memory) if self.memory is not None else 0
+        room = batch.room[:num_rows]
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
         self._last_keys = keys
@@ -340,9 +276,9 @@ class LookupProposer:
         else:
             slot_of = [requests.get(key, -1) for key in keys]
             slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
-        s, stale = self.slots, self._stale[: len(keys)]
+        stale = self.batch.stale(slots, num_tokens, token_ids)
         unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
-        if kernels.stale_rows(slots, num_tokens, token_ids, s.cols, stale):
+        if stale.any():
             for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
@@ -350,8 +286,7 @@ class LookupProposer:
         for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
             n = int(num_tokens[row])
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
-            doc = self.document_stores.acquire(token_ids[row, :prompt_len])
-            slots[row] = requests[keys[row]] = self.slots.allocate(prompt_len, doc, int(token_ids[row, 0]) if n else -1)
+            slots[row] = requests[keys[row]] = self.batch.start(token_ids[row, :prompt_len], int(token_ids[row, 0]) if n else -1)
             self.stats.requests += 1
         self._keys_seen, self._slots_seen, self._retired = keys, slots, False
         return slots, joined
@@ -373,6 +308,8 @@ class LookupProposer:
         ran in the step before (a preempted request sits out at least one step).
         """
         num_rows = len(keys)
+        if self._ours.shape[0] < num_rows:
+            self._ours, self._theirs = np.zeros(2 * num_rows, dtype=np.int64), np.zeros(2 * num_rows, dtype=np.int64)
         ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
         spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
         by_runner = by_runner and spec is not None and len(spec) >= num_rows
@@ -389,7 +326,7 @@ class LookupProposer:
             theirs[:] = 0
             return ours, theirs
         # Python lists in the loop, numpy once on each side of it (a numpy scalar read or write is ~0.2 µs, a list's ~0.03)
-        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.slots.cols[slots, PLAN_POS].tolist()
+        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.batch.slots.cols[slots, kernels.PLAN_POS].tolist()
         ours_of, theirs_of = [0] * num_rows, [0] * num_rows
         for row in rows:
             sent = sent_of.get(slot_of[row], ())
@@ -409,8 +346,8 @@ class LookupProposer:
     def _count_step(self) -> None:
         """Adds the step's counts (kernels.count_drafts, run by advance) to the stats: the drafts the step
         verified as vLLM's metrics count them, ours (learnt from) and vLLM's own."""
-        s, per_pos = self.stats, self._per_pos
-        drafts, draft_tokens, accepted, vllm_drafts, discarded = self._counts.tolist()
+        s, per_pos = self.stats, self.batch.per_pos
+        drafts, draft_tokens, accepted, vllm_drafts, discarded = self.batch.counts.tolist()
         s.drafts, s.draft_tokens, s.accepted_tokens = s.drafts + drafts, s.draft_tokens + draft_tokens, s.accepted_tokens + accepted
         s.vllm_drafts, s.discarded_drafts = s.vllm_drafts + vllm_drafts, s.discarded_drafts + discarded
         if drafts:
@@ -438,7 +375,7 @@ class LookupProposer:
 
     def _extends(self, slot: int, row: np.ndarray, n: int, window: int = 32) -> bool:
         """Whether row[:n] extends what `slot` copied (checked on its first and last `window` tokens)."""
-        seen = self.slots.tokens_of(slot)
+        seen = self.batch.slots.tokens_of(slot)
         m = seen.shape[0]
         if m == 0 or m > n:
             return False
@@ -450,34 +387,15 @@ class LookupProposer:
         s = self.requests.pop(key)
         self._retired = True
         self._sent.pop(s, None)
-        self.document_stores.release(int(self.slots.cols[s, DOC]))
-        if self.memory is not None and self.slots.cols[s, COPIED]:
-            self._finished.append(self.slots.tokens_of(s).copy())  # filed after this step's drafts (BetweenSteps)
-        self.slots.free(s)
+        self.batch.finish(s)  # filed into memory after this step's drafts
         self.stats.finished += 1
 
     # -- counters ------------------------------------------------------------------------------
 
-    def _between(self, fn, *args) -> None:
-        """fn(*args) on the thread between this step and the next (or at once, without one)."""
-        if self._worker is None:
-            fn(*args)
-        else:
-            self._worker.submit(fn, *args)
-
-    def _file_finished(self) -> None:
-        """Hands this step's finished requests to the memory (between steps)."""
-        for tokens in self._finished:
-            self._between(self.memory.add, tokens)
-        self._finished = []
-
     def flush(self) -> None:
         """Waits until every finished request is in memory (a step does so itself before reading it)."""
         with self._lock:
-            if self._finished:
-                self._file_finished()
-        if self._worker is not None:
-            self._worker.wait()
+            self.batch.flush()
 
     def _stats_snapshot(self) -> dict:
         return stats_dict(self.stats, self.runner)
@@ -488,9 +406,7 @@ class LookupProposer:
         the thread is joined too when the proposer is collected and at interpreter exit. propose then raises."""
         with self._lock:
             self._closed = True
-            if self._finished:
-                self._file_finished()
-        self._close_worker()  # (weakref.finalize: BetweenSteps.close, once)
+            self.batch.close()
         if self._stats_file is not None:
             self._stats_file.close()
 
