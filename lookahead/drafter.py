@@ -470,8 +470,9 @@ class LookupDrafter:
                 token, w = trie.heaviest_first()
                 scale *= w / self.lead_chances.chance(looked_up)
                 self.lead_chances.drafted(looked_up, token)
-            trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(), budget=predicted,
-                                 max_depth=num_draft_tokens, scale=scale)
+            if predicted:  # (a plain chain takes none: PREDICTION_CHAIN_NODES)
+                trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(),
+                                     budget=predicted, max_depth=num_draft_tokens, scale=scale)
         return looked_up
 
     def _limit(self, num_draft_tokens: int | None) -> int:

@@ -282,3 +282,14 @@ def test_nothing_is_computed_for_the_table_when_predictions_are_off_or_no_draft_
     generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), tree=False, max_new_tokens=8, do_sample=False)
     with pytest.raises(AssertionError, match="top_ids called"):
         generate(model, torch.tensor([[1, 5, 6, 7]]), drafter=LookupDrafter(cost_aware=False), max_new_tokens=8, do_sample=False)
+
+
+def test_top_ids_reads_one_rows_range_as_it_reads_the_list():
+    import torch
+
+    from lookahead.integrations.verify import top_ids
+
+    logits = torch.randn(1, 9, 30)
+    by_range, by_list = top_ids(logits, [range(2, 7)], 4), top_ids(logits, [list(range(2, 7))], 4)
+    assert len(by_range) == 1 and by_range[0].shape == (5, 4) and np.array_equal(by_range[0], by_list[0])
+    assert np.array_equal(by_list[0][:, 0], logits[0, 2:7].argmax(dim=-1).numpy())

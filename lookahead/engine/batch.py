@@ -35,7 +35,7 @@ from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
 
 INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps (where fewer wait, the hand-off costs more than it
-                  # saves: notes/README.md, indexing between steps); a new request's prompt is hundreds
+                  # saves: notes/README.md, "a cold step's calls, and indexing between steps"); a new prompt is hundreds
 
 
 class Batch:

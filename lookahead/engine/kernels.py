@@ -129,6 +129,8 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
     # slot s's index (tok, prv, tab) takes its tokens through tok[:n] not yet indexed (the grams ending at
     # positions before n - 1: the last token waits for the next, as its suffix is what a draft looks up)
     start = cols[s, INDEXED]
+    if n > tok.shape[0]:  # (as in _learn: the slot was grown for its tokens first)
+        raise IndexError("a slot is indexed past its tokens' region")
     if n > start:
         lo = max(start - 1, 0)
         if n - 1 > lo:
@@ -203,6 +205,8 @@ def _learn(rows, slots, index, out):
         out_status[r] = learn_row(slots, s, row, n, num_sampled[r], verified[r])
         if n > cols[s, COPIED]:
             tok = view(index, s)[0]
+            if n > tok.shape[0]:  # (room_and_growth grows every slot first: never, unless a caller skipped it)
+                raise IndexError("a row has more tokens than its slot holds: Slots.reserve was not called")
             for pos in range(cols[s, COPIED], n):
                 tok[pos] = row[pos]
             cols[s, COPIED] = n

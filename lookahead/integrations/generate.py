@@ -214,7 +214,8 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         learnt = None  # per row, the block entries the table learns from
         if active[0].request.drafter.reads_predictions(tree=trees):
             learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
-            top = top_ids(logits, [[i - first_logit for i in entries] for entries in learnt], table.k)
+            top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
+                                   else [i - first_logit for i in e] for e in learnt], table.k)
         if costs is not None:  # the step's real shape; the walk's choices synced the device
             observe = costs.observe_prefill if first else functools.partial(costs.observe, tree=block.is_tree)
             observe(len(active), block.tokens.shape[1], time.perf_counter() - start)

@@ -164,7 +164,11 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
 
 def top_ids(logits: torch.Tensor, entries: list[list[int]], k: int) -> list[np.ndarray]:
     """Per row r, (len(entries[r]), k) int32: the k highest-scoring ids at each of its logit positions
-    entries[r], highest first. Cost: a top-k over (sum of the entries, vocab) on the device, one transfer."""
+    entries[r], highest first. Cost: a top-k over (sum of the entries, vocab) on the device, one transfer.
+    One row's contiguous entries (a range) are read as a view, without building index tensors."""
+    if len(entries) == 1 and isinstance(entries[0], range) and entries[0].step == 1:
+        ids = logits[0, entries[0].start : entries[0].stop].topk(min(k, logits.shape[-1]), dim=-1).indices
+        return [ids.to(torch.int32).cpu().numpy()]
     rows = torch.tensor([r for r, positions in enumerate(entries) for _ in positions], dtype=torch.long, device=logits.device)
     positions = torch.tensor([i for row in entries for i in row], dtype=torch.long, device=logits.device)
     ids = logits[rows, positions].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()

@@ -147,6 +147,7 @@ class StepCosts(CostCurve):
         self.decay = decay
         self._anchors()
         self._fixed = None
+        self._priced: list[float] | None = None  # one_row(64) until the next observe (a step reads it two or three times)
 
     def observe_prefill(self, rows: int, tokens: int, seconds: float) -> None:
         """Learns from a one-row forward over `tokens` uncached tokens (a prefill) that took `seconds`:
@@ -183,6 +184,7 @@ class StepCosts(CostCurve):
             if self.calibrated is None:
                 self._chord()
         self._fixed = None  # priced again when next read
+        self._priced = None
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
@@ -195,6 +197,7 @@ class StepCosts(CostCurve):
         self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths)).tolist()
         self._cap = [int(a) if a <= last else None for a in above]
         self._seen_widths = np.flatnonzero(seen).tolist()  # narrow to wide
+        self._priced = None
 
     def seconds_at(self, width: int) -> float:
         """The curve's price of a one-row block of `width` tokens, in seconds (a plain step's learnt seconds times its cost)."""
@@ -205,14 +208,19 @@ class StepCosts(CostCurve):
         return np.asarray(self.one_row(SIZES[-1]))
 
     def one_row(self, last: int) -> list[float]:
-        """costs[n], n in 0..last, relative to a plain step (index 0 unused), pricing only those widths.
+        """costs[n], n in 0..last, relative to a plain step (index 0 unused).
 
-        Cost: a pass over the seen widths up to the cap of the widest, then one over the widths
-        (a few µs for a 17-token block; numpy's per-call overhead would be most of it).
+        Cost: the first read after an `observe` prices the 65 widths (a pass over the seen widths, then
+        one over the widths: tens of µs); later reads slice that.
         """
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
             return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
-        top = min(last, SIZES[-1])
+        if self._priced is None:
+            self._priced = self._price(SIZES[-1])
+        return self._priced[: last + 1] if last <= SIZES[-1] else extend_linearly(self._priced, last)
+
+    def _price(self, top: int) -> list[float]:
+        # costs[n], n in 0..top (an estimate reads only widths up to the cap of the widest: the same at any top)
         anchor, cap, calibrated = self._anchor, self._cap, self.calibrated
         through = top if cap[top] is None else cap[top]  # the widest width the estimates read
         seconds = self.seconds[: through + 1]  # noise-levelled below
@@ -232,7 +240,7 @@ class StepCosts(CostCurve):
                 e = seconds[c]  # never dearer than a seen wider block
             estimate.append(max(e, 1e-9))
         estimate[0] = one = estimate[1]
-        return extend_linearly([e / one for e in estimate], last)
+        return [e / one for e in estimate]
 
 
 class LineCost:
