@@ -263,7 +263,7 @@ def main() -> None:
             for _ in range(args.warm):
                 runner.step(proposer, forward_s, traffic)
             runner.drafted = runner.accepted = 0
-            worker = getattr(proposer, "_worker", None)  # the proposer's BetweenSteps thread
+            worker = proposer.batch.worker  # the proposer's BetweenSteps thread
             threaded = worker.seconds if worker is not None else 0.0
             times = [runner.step(proposer, forward_s, traffic) for _ in range(args.steps)]
             threaded = (worker.seconds - threaded) if worker is not None else float("nan")

@@ -118,11 +118,11 @@ class Batch:
             self._finished.append(self.slots.tokens_of(slot).copy())
         self.slots.free(slot)
 
-    def stale(self, slots: np.ndarray, num_tokens: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-        """(row,) whether row r's slot (>= 0) holds another request's tokens (kernels.stale_rows): a view."""
+    def stale(self, slots: np.ndarray, num_tokens: np.ndarray, token_ids: np.ndarray) -> np.ndarray | None:
+        """(row,) whether row r's slot (>= 0) holds another request's tokens (kernels.stale_rows), a view; None: no row's."""
+        self._row_buffers(slots.shape[0])
         stale = self._stale[: slots.shape[0]]
-        kernels.stale_rows(slots, num_tokens, token_ids, self.slots.cols, stale)
-        return stale
+        return stale if kernels.stale_rows(slots, num_tokens, token_ids, self.slots.cols, stale) else None
 
     # -- a step --------------------------------------------------------------------------------
 

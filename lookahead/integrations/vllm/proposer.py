@@ -278,7 +278,7 @@ class LookupProposer:
             slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
         stale = self.batch.stale(slots, num_tokens, token_ids)
         unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
-        if stale.any():
+        if stale is not None:
             for row in np.flatnonzero(stale).tolist():
                 self._retire(keys[row])
                 slots[row] = -1
