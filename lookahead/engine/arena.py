@@ -46,6 +46,7 @@ class IndexArena:
         self.token_end = self.table_end = 0  # the first free position of each: regions are taken there
         self.live_tokens = self.live_table = 0  # positions in live regions
         self.compactions = 0
+        self._arrays = (self.tokens, self.prev, self.table, self.at)  # arrays(), rebuilt wherever one is replaced
 
     @property
     def entries(self) -> int:
@@ -53,7 +54,7 @@ class IndexArena:
 
     def arrays(self) -> tuple:
         """(tokens, prev, table, at): what a kernel takes to view any entry (valid until the next allocate, resize or free)."""
-        return self.tokens, self.prev, self.table, self.at
+        return self._arrays
 
     @property
     def nbytes(self) -> int:
@@ -65,6 +66,7 @@ class IndexArena:
             at = np.zeros((entries, 4), dtype=np.int64)
             at[: self.entries] = self.at
             self.at = at
+            self._arrays = (self.tokens, self.prev, self.table, self.at)
 
     def allocate(self, e: int, token_capacity: int, table_capacity: int) -> None:
         """Free entry `e` gets a region of each size, its table empty."""
@@ -142,3 +144,4 @@ class IndexArena:
             token_end, table_end = token_end + tc, table_end + bc
         self.tokens, self.prev, self.table = tokens, prev, table
         self.token_end, self.table_end = token_end, table_end
+        self._arrays = (self.tokens, self.prev, self.table, self.at)

@@ -73,6 +73,7 @@ class Batch:
         self._work = (trie, np.zeros(MAX_NGRAM + 1, dtype=np.int64), np.zeros(3, dtype=np.int64))  # advance's scratch
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
         self._options = (min_ngram, max_ngram, float(draft_factor), memory is not None)
+        self._limits = (num_draft_tokens, max_model_len, max_ngram - min_ngram + 1, MAX_LOAD, GROWTH)  # room_and_growth's
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
         self._rows = 0
@@ -95,10 +96,8 @@ class Batch:
         self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
         self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
-
-    def _results(self) -> tuple:
-        return (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_share, self.out_status,
-                self.counts, self.per_pos)
+        self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_share, self.out_status,
+                     self.counts, self.per_pos)  # advance's `out` group
 
     @property
     def nbytes(self) -> int:
@@ -140,8 +139,7 @@ class Batch:
         s = self.slots
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
         self._step_rows = (slots, num_tokens, num_sampled, verified, theirs, self.room[:num_rows], token_ids)  # the kernels' group
-        limits = (self.k, self.max_model_len, s.max_ngram - s.min_ngram + 1, MAX_LOAD, GROWTH)
-        decode, grows = kernels.room_and_growth(self._step_rows, s.cols, s.index.at, limits, new_tokens, new_table)
+        decode, grows = kernels.room_and_growth(self._step_rows, s.cols, s.index.at, self._limits, new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         return decode
@@ -154,12 +152,12 @@ class Batch:
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting, counted, self._pending = kernels.advance(self._step_rows, s.state(), s.index.arrays(),
                                                                self.document_stores.arrays(), memory_index,
-                                                               (*self._options, bar, force), self._work, self._results())
+                                                               (*self._options, bar, force), self._work, self._out)
         return drafting, counted
 
     def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[int, int]:
         """Records each drafted row's plan, `sizes[r]` tokens of its chain sent; returns (tokens drafted, tokens sent)."""
-        return kernels.commit(slots, num_tokens, sizes, self._results(), self.slots.state())
+        return kernels.commit(slots, num_tokens, sizes, self._out, self.slots.state())
 
     def end_step(self, slots: np.ndarray) -> None:
         """The step's finished requests filed into memory, and its rows' unindexed tokens indexed where INDEX_AHEAD

@@ -138,7 +138,7 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
         cols[s, INDEXED] = n
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def learn_row(slots, s, row, n, c, verified):
     """What slot s learns once a step wrote its last c tokens, row[n - c:n] (row[:n]: the request's tokens),
     verified[r] of its pending plan's tokens checked: the plan is resolved (Request.verified) and watched rests
@@ -181,7 +181,7 @@ def settle_row(slots, s, row, n):
         _settle(keep, overall, watch, watch_ids, s, row, n)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def plan_row(slots, s, ids, length, size, match, position):
     """Slot s's pending plan (Request.commit): the chain ids[:length] (at most K tokens kept), `size` of its
     tokens sent, anchored on `match` tokens, drafted when the request had `position` tokens."""

@@ -57,6 +57,7 @@ class Slots:
             self.index.grow_entries(slots)
         self._free.extend(range(slots - 1, old - 1, -1))
         self.capacity = slots
+        self._state = (self.cols, self.keep, self.overall, self.plan_ids, self.watch, self.watch_ids)
 
     def widen(self, num_draft_tokens: int) -> None:
         """Room for chains of `num_draft_tokens` tokens (plan_ids' and watch_ids' width)."""
@@ -67,10 +68,11 @@ class Slots:
                 wider[..., : self.k] = array
                 setattr(self, name, wider)
             self.k = num_draft_tokens
+            self._state = (self.cols, self.keep, self.overall, self.plan_ids, self.watch, self.watch_ids)
 
     def state(self) -> tuple:
-        """The kernels' `slots` group: (cols, keep, overall, plan_ids, watch, watch_ids)."""
-        return self.cols, self.keep, self.overall, self.plan_ids, self.watch, self.watch_ids
+        """The kernels' `slots` group: (cols, keep, overall, plan_ids, watch, watch_ids), until the slots next grow."""
+        return self._state
 
     @property
     def nbytes(self) -> int:
