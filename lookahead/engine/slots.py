@@ -13,7 +13,6 @@ from lookahead.engine.kernels import COPIED, DOC, FIRST_TOKEN, LAST_TOKEN, NUM_C
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
 
 
-
 class Slots:
     """Per-request drafting state for the kernels: `capacity` slots (doubled when all are taken).
 
