@@ -1,5 +1,6 @@
 """Shared test inputs: randomized generation cases and a streamer that records what it receives."""
 
+import functools
 import random
 
 import torch
@@ -51,5 +52,12 @@ class Collect(BaseStreamer):
 
 def story_prompt(model, length: int = 60, repeat: int = 5) -> list[int]:
     """The model's own story from BOS, then its first `repeat` tokens again: the model tends to retell it."""
-    story = model.generate(torch.tensor([[1]]), max_new_tokens=length, do_sample=False)[0].tolist()
+    story = _story(model, length)
     return story + story[1 : 1 + repeat]
+
+
+@functools.cache
+def _story(model, length: int) -> list[int]:
+    """Greedy `length` tokens from BOS, once per model (a cached model: tests/models.py) and length: some thirty tests
+    start from the same story. Copied by the caller."""
+    return model.generate(torch.tensor([[1]]), max_new_tokens=length, do_sample=False)[0].tolist()

@@ -17,7 +17,7 @@ from lookahead import LookupDrafter
 from tests.cases import story_prompt
 from tests.models import stories_model
 from tests.test_batch import left_padded
-from tests.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, pit_values, uniformity_p_value
+from tests.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, conditional_logits, pit_values, uniformity_p_value
 
 RUNS = 120  # x 3 rows x 50 tokens = 18,000 sampled tokens, 6,000 per row
 SHAPES = ((60, 5), (30, 3), (45, 8))
@@ -40,16 +40,17 @@ def sampled():
         for r, prompt in enumerate(prompts):
             rows[r].append(out[r, ids.shape[1] - len(prompt) :])
         accepted += drafter.stats.accepted
-    return model, prompts, [torch.stack(r) for r in rows], accepted
+    rows = [torch.stack(r) for r in rows]
+    return [conditional_logits(model, r) for r in rows], prompts, rows, accepted  # each row's exact conditionals, one forward
 
 
 def test_every_row_draws_from_the_model_distribution(sampled):
-    model, prompts, rows, _ = sampled
+    logits, prompts, rows, _ = sampled
     for r, (prompt, sequences) in enumerate(zip(prompts, rows)):
-        u = pit_values(model, sequences, len(prompt), TEMPERATURE, seed=r)
+        u = pit_values(logits[r], sequences, len(prompt), TEMPERATURE, seed=r)
         assert u.size == RUNS * NEW_TOKENS
         assert uniformity_p_value(u) > ALPHA / len(prompts), r  # Bonferroni over the rows
-    pooled = np.concatenate([pit_values(model, s, len(p), TEMPERATURE, seed=9).ravel() for p, s in zip(prompts, rows)])
+    pooled = np.concatenate([pit_values(x, s, len(p), TEMPERATURE, seed=9).ravel() for x, p, s in zip(logits, prompts, rows)])
     assert uniformity_p_value(pooled) > ALPHA
 
 
@@ -61,7 +62,7 @@ def test_drafts_were_accepted_in_every_batch(sampled):
 def test_the_test_rejects_a_slightly_wrong_sampler(sampled):
     # Control: the same rows judged as if sampled at a 30% higher temperature fail, pooled (18,000
     # tokens, as the one-row test's 20,000) and each row alone at 6,000 tokens (less power: p < 0.05).
-    model, prompts, rows, _ = sampled
-    u = [pit_values(model, sequences, len(prompt), TEMPERATURE * 1.3, seed=r) for r, (prompt, sequences) in enumerate(zip(prompts, rows))]
+    logits, prompts, rows, _ = sampled
+    u = [pit_values(x, sequences, len(prompt), TEMPERATURE * 1.3, seed=r) for r, (x, prompt, sequences) in enumerate(zip(logits, prompts, rows))]
     assert uniformity_p_value(np.concatenate([x.ravel() for x in u])) < ALPHA
     assert max(uniformity_p_value(x) for x in u) < 0.05

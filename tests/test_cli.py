@@ -235,12 +235,16 @@ def test_forward_cost_sleeps_per_forward_on_one_thread_and_undoes_itself(capsys)
     model = tiny_model("llama")
     slept = []
     threads = torch.get_num_threads()
-    with patch("lookahead.bench.blend.time.sleep", slept.append), forward_cost(model, 2.0, 0.5):
-        assert torch.get_num_threads() == 1
-        model(torch.tensor([[1, 2, 3, 4]]))
-        model(input_ids=torch.tensor([[1, 2]]))
-    model(torch.tensor([[1]]))  # the hook is gone
-    assert slept == [pytest.approx(0.004), pytest.approx(0.003)] and torch.get_num_threads() == threads
+    torch.set_num_threads(2)  # the tests run at one (tests/conftest.py): two, so that dropping to one and back shows
+    try:
+        with patch("lookahead.bench.blend.time.sleep", slept.append), forward_cost(model, 2.0, 0.5):
+            assert torch.get_num_threads() == 1
+            model(torch.tensor([[1, 2, 3, 4]]))
+            model(input_ids=torch.tensor([[1, 2]]))
+        model(torch.tensor([[1]]))  # the hook is gone
+        assert slept == [pytest.approx(0.004), pytest.approx(0.003)] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     with pytest.raises(SystemExit):
         main(["bench", "--blend", "--time-blend", "--forward-cost", "20"])
     assert "MS,MS_PER_TOKEN" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """Greedy output with the drafter == greedy output without it, token for token."""
 
+import functools
+
 import pytest
 import torch
 import transformers
@@ -33,11 +35,23 @@ def assert_exact(model, case, drafter=None):
     return drafter.stats
 
 
+@functools.cache
+def family_case(family: str, seed: int) -> dict:
+    """The randomized case `seed` on the tiny `family` (cached: do not mutate it)."""
+    return make_case(tiny_model(family), seed, VOCAB)
+
+
+@functools.cache
+def checked_family_case(family: str, seed: int):
+    """The drafter's stats of family_case(family, seed), checked exact once: the parametrized test and the guard below
+    both need it (a failure is not cached: each asks again and fails)."""
+    return assert_exact(tiny_model(family), family_case(family, seed))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("seed", range(CASES_PER_FAMILY))
 def test_greedy_matches_plain_generate(family, seed):
-    model = tiny_model(family)
-    assert_exact(model, make_case(model, seed, VOCAB))
+    checked_family_case(family, seed)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -50,12 +64,11 @@ def test_cases_exercise_long_accepted_drafts_and_eos_inside_a_draft():
     # Guards the suite itself: the randomized cases must reach the paths that can go wrong.
     longest_accept, accepted, eos_cases = 0, 0, 0
     for family in ("qwen2", "gpt2"):
-        model = tiny_model(family)
         for seed in range(CASES_PER_FAMILY):
-            case = make_case(model, seed, VOCAB)
+            case = family_case(family, seed)
             if old_loop_stops(case):
                 continue
-            stats = assert_exact(model, case)
+            stats = checked_family_case(family, seed)  # the parametrized test's run, where it ran
             longest_accept = max([longest_accept, *stats.accepted_per_step])
             accepted += stats.accepted
             eos_cases += "eos_token_id" in case["options"]

@@ -41,10 +41,15 @@ def sampled_sequences(model, prompt, runs, drafter, seed, entry, temperature=TEM
     return torch.cat(sequences), accepted
 
 
-def pit_values(model, sequences, prompt_len, temperature, seed):
-    """u for every generated token, shape (runs, NEW_TOKENS)."""
+def conditional_logits(model, sequences):
+    """The model's logits over every finished sequence (one forward each), shape (runs, length, vocab): computed once per
+    sample, judged at any temperature."""
     with torch.no_grad():
-        logits = torch.cat([model(chunk).logits for chunk in sequences.split(50)])
+        return torch.cat([model(chunk).logits for chunk in sequences.split(50)])
+
+
+def pit_values(logits, sequences, prompt_len, temperature, seed):
+    """u for every generated token, shape (runs, NEW_TOKENS); logits from conditional_logits(model, sequences)."""
     probs = torch.softmax(logits[:, prompt_len - 1 : -1].double() / temperature, dim=-1)
     tokens = sequences[:, prompt_len:]
     below = torch.cumsum(probs, dim=-1).gather(-1, tokens[..., None])[..., 0] - probs.gather(-1, tokens[..., None])[..., 0]
@@ -69,12 +74,12 @@ def setup(request):
     # a wide block can cost more than its tokens save, and then the sizer drafts nothing).
     drafter = LookupDrafter(cost_aware=False)
     sequences, accepted = sampled_sequences(model, prompt, RUNS, drafter, seed=0, entry=request.param)
-    return model, prompt, accepted, sequences
+    return conditional_logits(model, sequences), prompt, accepted, sequences
 
 
 def test_drafted_sampling_draws_from_the_model_distribution(setup):
-    model, prompt, _, sequences = setup
-    u = pit_values(model, sequences, len(prompt), TEMPERATURE, seed=1)
+    logits, prompt, _, sequences = setup
+    u = pit_values(logits, sequences, len(prompt), TEMPERATURE, seed=1)
     assert u.size >= 20_000
     assert uniformity_p_value(u) > ALPHA
     # per position: 400 tokens each, 10 bins; Bonferroni over the positions
@@ -90,8 +95,8 @@ def test_drafts_were_accepted_while_sampling(setup):
 
 def test_the_uniformity_test_rejects_a_slightly_wrong_sampler(setup):
     # Control: the same sequences judged as if sampled at a 30% higher temperature must fail.
-    model, prompt, _, sequences = setup
-    u = pit_values(model, sequences, len(prompt), TEMPERATURE * 1.3, seed=1)
+    logits, prompt, _, sequences = setup
+    u = pit_values(logits, sequences, len(prompt), TEMPERATURE * 1.3, seed=1)
     assert uniformity_p_value(u) < ALPHA
 
 
@@ -114,16 +119,16 @@ def family_setup(request):
     drafter = LookupDrafter(cost_aware=False)
     sequences, accepted = sampled_sequences(model, prompt, FAMILY_RUNS, drafter, seed=0, entry=FAMILY_CASES[request.param],
                                             temperature=TEMPERATURE)
-    return model, prompt, accepted, sequences
+    return conditional_logits(model, sequences), prompt, accepted, sequences
 
 
 def test_drafted_sampling_draws_from_the_model_distribution_in_other_families(family_setup):
-    model, prompt, accepted, sequences = family_setup
-    u = pit_values(model, sequences, len(prompt), TEMPERATURE, seed=1)
+    logits, prompt, accepted, sequences = family_setup
+    u = pit_values(logits, sequences, len(prompt), TEMPERATURE, seed=1)
     assert u.size == FAMILY_RUNS * NEW_TOKENS
     assert accepted >= 0.05 * u.size  # drafted tokens were kept
     assert uniformity_p_value(u) > ALPHA
-    assert uniformity_p_value(pit_values(model, sequences, len(prompt), TEMPERATURE * 1.3, seed=1)) < ALPHA  # the control
+    assert uniformity_p_value(pit_values(logits, sequences, len(prompt), TEMPERATURE * 1.3, seed=1)) < ALPHA  # the control
 
 
 def chi2_sf(statistic: float, dof: int) -> float:
