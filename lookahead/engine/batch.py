@@ -5,7 +5,7 @@ rate, its pending chain) and the documents store its prompt selects (engine.docu
 one TokenStore as memory. A caller's step:
 
     batch.wait()                                    what the last step queued has run (memory, slots)
-    slot = batch.start(prompt_ids, first_token)     a new request (then its row's slot in `slots`)
+    slot = batch.start(prompt_ids, first, n)        a new request (then its row's slot in `slots`)
     batch.finish(slot)                              a request that left: filed into memory after this step
     decode = batch.begin(slots, ...)                the rows' room, their slots grown
     drafting, counted = batch.advance(bar=, force=) every row: learn, copy, index, draft its chain (out_*)
@@ -105,10 +105,10 @@ class Batch:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def start(self, prompt_ids: np.ndarray, first_token: int) -> int:
-        """A slot for a new request whose prompt is `prompt_ids` (its documents store acquired)."""
+    def start(self, prompt_ids: np.ndarray, first_token: int, num_tokens: int) -> int:
+        """A slot for a new request whose prompt is `prompt_ids`, its row `num_tokens` long (its documents store acquired)."""
         doc = self.document_stores.acquire(prompt_ids)
-        return self.slots.allocate(len(prompt_ids), doc, first_token)
+        return self.slots.allocate(len(prompt_ids), doc, first_token, num_tokens)
 
     def finish(self, slot: int) -> None:
         """The request in `slot` is gone: its tokens are filed into memory after this step's drafts, its slot freed."""

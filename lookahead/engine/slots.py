@@ -10,7 +10,9 @@ import numpy as np
 from lookahead.engine import kernels
 from lookahead.engine.arena import IndexArena
 from lookahead.engine.kernels import COPIED, DOC, FIRST_TOKEN, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
-from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
+from lookahead.index.token_index import GROWTH, MAX_LOAD, MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
+
+HEADROOM = 2.0  # a new slot's regions hold this many times its row's tokens (its prompt): room for an output as long
 
 
 class Slots:
@@ -77,8 +79,10 @@ class Slots:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.state()) + (self.index.nbytes if self.index is not None else 0)
 
-    def allocate(self, prompt_len: int, doc: int, first_token: int) -> int:
-        """A cleared slot for a new request, its index regions of the first capacities."""
+    def allocate(self, prompt_len: int, doc: int, first_token: int, tokens: int = 0) -> int:
+        """A cleared slot for a new request that holds `tokens` tokens: its index regions sized at once for HEADROOM
+        times them (a prompt would otherwise grow them several times, and its output again: each growth copies the
+        tokens and rehashes the table)."""
         if not self._free:
             self._grow_slots(2 * self.capacity)
         s = self._free.pop()
@@ -89,7 +93,11 @@ class Slots:
         self.overall[s] = 1.0
         self.watch[s, 0, 0] = 0
         if self.index is not None:
-            self.index.allocate(s, self.min_tokens, self.min_table)
+            planned = int(HEADROOM * tokens)
+            table, grams = self.min_table, self.max_ngram - self.min_ngram + 1
+            while planned * grams > MAX_LOAD * table:  # room_and_growth's rule, taken at once
+                table = int(table * GROWTH)
+            self.index.allocate(s, max(self.min_tokens, planned + 1), table)
         return s
 
     def free(self, s: int) -> None:
