@@ -13,14 +13,14 @@ GIL, as a model's forward does: the proposer files finished requests into its me
 indexes the rows' new tokens on a thread meanwhile, timed apart as "thread"), then, with
 --forward-mb M, reads and writes M MB (a forward's memory traffic, which leaves the proposer's
 data and Python's own out of the caches: the serving bench's forward at 64 rows moves about 165
-MB, its output layer's 131 MB of weights and 33 MB of logits; docs/vllm.md has what that costs a
+MB, its output layer's 131 MB of weights and 33 MB of logits; notes/vllm-serving-2026-12.md has what that costs a
 step). Printed per row count: the median and mean wall time of `propose` per step (after a
 warm-up of --warm steps), its microseconds per row, the proposer's thread's time per step, and
 the drafted and accepted tokens, for four load rules:
 
 - `draft-all`: cost_aware=False, every chain sent whole (the most work a step does);
 - `rule F/p=64`: the load rule at its prior (what a GPU-like cost lets through);
-- `rule F/p=2`: the load rule at this CPU's measured cost (docs/vllm.md: 1 to 7), where at
+- `rule F/p=2`: the load rule at this CPU's measured cost (notes/vllm-serving-2026-12.md: 1 to 7), where at
   many rows no drafted token pays and the proposer drafts nothing;
 - `rule learnt`: the default, the line and the trust learnt from the time between calls and the drafts (what
   the engine runs); this "forward" takes the same time whatever it verifies, so the line
@@ -30,7 +30,7 @@ With --drafting N, nothing is timed: what each rule drafts and keeps at each row
 have joined the first rows, beside vLLM's `suffix` (vllm/v1/spec_decode/suffix_decoding.py's
 calls to arctic-inference's SuffixDecodingCache, vLLM's defaults; left out where arctic_inference
 is not importable), and a modelled speed over not drafting: a step costs --step-cost F,R,T ms (F
-fixed, R per decode row, T per drafted token verified; the default is what docs/vllm.md fitted for
+fixed, R per decode row, T per drafted token verified; the default is what notes/vllm-serving-2026-12.md fitted for
 the serving bench's engine on this CPU; `rule learnt` learns the line and its trust from
 those modelled times, each with a lognormal noise of sigma 0.1). A design aid for drafting and sizing,
 not a measurement of speed: the serving bench decides.
@@ -178,7 +178,7 @@ def drafting(traces, rows: int, requests: int, step_cost: tuple, spread: float =
     """Prints, per rule (and vLLM's `suffix`), what it drafted and kept at `rows` rows until `requests` requests had
     joined the first `rows`, and the modelled speed over not drafting (step_cost: ms fixed, per decode row, per drafted
     token). `rule learnt` learns from the modelled steps' times, each times a lognormal factor of sigma `spread` (an
-    engine's steps are not alike: docs/vllm.md); the speed is the model's, without that noise."""
+    engine's steps are not alike: notes/vllm-serving-2026-12.md); the speed is the model's, without that noise."""
     fixed, per_row, per_token = step_cost
     makers = {name: (lambda options=options: LookupProposer(config(rows, **options))) for name, options in RULES.items()}
     makers[f"rule F/p={fixed / per_token:.3g}"] = lambda: LookupProposer(config(rows, fixed_cost_tokens=fixed / per_token))
@@ -234,7 +234,7 @@ def main() -> None:
     parser.add_argument("--drafting", type=int, metavar="N",
                         help="time nothing: what each rule drafts and keeps until N requests have joined the first rows")
     parser.add_argument("--step-cost", default="6.2,0.45,0.58", help="with --drafting: a step's ms fixed, per decode row, per "
-                        "drafted token (docs/vllm.md: the serving bench's engine on a 2-core CPU)")
+                        "drafted token (notes/vllm-serving-2026-12.md: the serving bench's engine on a 2-core CPU)")
     args = parser.parse_args()
     traces = load_traces(args.traces)
     if args.drafting:

@@ -138,7 +138,7 @@ class Batch:
         self._row_buffers(num_rows)
         s = self.slots
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
-        self._step_rows = (slots, num_tokens, num_sampled, verified, theirs, self.room[:num_rows], token_ids)  # the kernels' group
+        self._step_rows = (slots, num_tokens, num_sampled, verified, theirs, self.room[:num_rows], token_ids)  # kernels' `rows`
         decode, grows = kernels.room_and_growth(self._step_rows, s.cols, s.index.at, self._limits, new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write

@@ -86,9 +86,9 @@ class Slots:
         if not self._free:
             self._grow_slots(2 * self.capacity)
         s = self._free.pop()
-        self.cols[s] = 0
-        self.cols[s, PROMPT_LEN], self.cols[s, DOC], self.cols[s, FIRST_TOKEN], self.cols[s, LAST_TOKEN] = prompt_len, doc, first_token, -1
-        self.cols[s, PLAN_LEN] = -1
+        cols = self.cols
+        cols[s] = 0
+        cols[s, PROMPT_LEN], cols[s, DOC], cols[s, FIRST_TOKEN], cols[s, LAST_TOKEN], cols[s, PLAN_LEN] = prompt_len, doc, first_token, -1, -1
         self.keep[s] = 0.0
         self.overall[s] = 1.0
         self.watch[s, 0, 0] = 0

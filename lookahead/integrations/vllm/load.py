@@ -16,7 +16,7 @@ drafts themselves are sized with h + d as the fixed part (once a draft is sent, 
 MIN_GAIN covers what the line leaves out: the fit's own error (h learnt from 1 to 21 by two
 engines of one build over the same cells) and a finite batch's drain, where kept tokens that end
 some requests sooner do not end the batch sooner. Where drafts were expected to gain 2-4% a
-step (16 rows on a 2-core CPU), the serving bench measured them below not drafting (docs/vllm.md).
+step (16 rows on a 2-core CPU), the serving bench measured them below not drafting (notes/vllm-serving-2026-12.md).
 
 d is learnt like h (sizing.cost.StepCostFit): a least-squares fit of seconds against
 (1, tokens, drafted?) over the steps that ran exactly the rows drafted for, old steps fading,
@@ -141,7 +141,7 @@ class KeptShare:
 
     A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
     j-th power (times the branch shares its path kept in the trie): the promise of a step's likeliest
-    tokens holds least (the sent drafts kept 0.70-0.81 of it in docs/vllm.md's replay, before the
+    tokens holds least (the sent drafts kept 0.70-0.81 of it in notes/vllm-serving-2026-12.md's replay, before the
     shares), so drafts that only just clear the load's bar lose. The sizer multiplies every chance by
     the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts against is divided by it, and
     what it expects is what the share then learns from: at a steady load the trust settles where its

@@ -286,7 +286,8 @@ class LookupProposer:
         for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
             n = int(num_tokens[row])
             prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
-            slots[row] = requests[keys[row]] = self.batch.start(token_ids[row, :prompt_len], int(token_ids[row, 0]) if n else -1, n)
+            first = int(token_ids[row, 0]) if n else -1
+            slots[row] = requests[keys[row]] = self.batch.start(token_ids[row, :prompt_len], first, n)
             self.stats.requests += 1
         self._keys_seen, self._slots_seen, self._retired = keys, slots, False
         return slots, joined
