@@ -8,6 +8,7 @@ widths ahead of time (a few seconds on a CPU) and seeds the next calls with them
 """
 
 import functools
+import threading
 import time
 
 import numpy as np
@@ -25,6 +26,7 @@ CALIBRATED: dict[tuple, dict] = {}  # calibrated step times per model shape, dev
 # StepCosts for the assistant_model= loop); calls on one model share it, threads included (a
 # step's time taken while another thread steps is noise either way).
 LEARNT: dict[tuple, object] = {}
+_LEARNT_LOCK = threading.Lock()  # two threads' first calls on one model get one cost state, not one each
 
 
 def verify_costs(model, *, context: int = 256, repeats: int = 3) -> np.ndarray:
@@ -49,21 +51,23 @@ def step_costs(model) -> StepCosts:
     """The `assistant_model=` loop's one-row cost curve for `model`: what this process's calls learnt,
     seeded by the calibration where one was made (verify_costs)."""
     key = (*model_key(model), "assistant")
-    if key not in LEARNT:
-        calibrated = CALIBRATED.get(model_key(model))
-        LEARNT[key] = StepCosts(calibrated["chain"] if calibrated is not None else None, head_ratio=prefill_head_ratio(model))
-    return LEARNT[key]
+    with _LEARNT_LOCK:
+        if key not in LEARNT:
+            calibrated = CALIBRATED.get(model_key(model))
+            LEARNT[key] = StepCosts(calibrated["chain"] if calibrated is not None else None, head_ratio=prefill_head_ratio(model))
+        return LEARNT[key]
 
 
 def loop_costs(model) -> LoopCosts:
     """Our loop's costs for `model` (the curve for one row, the line for many, trees or chains): what
     this process's calls learnt, seeded by the calibration where one was made (verify_costs)."""
     key = (*model_key(model), "loop")
-    if key not in LEARNT:
-        calibrated = CALIBRATED.get(model_key(model))
-        LEARNT[key] = (LoopCosts(head_ratio=prefill_head_ratio(model)) if calibrated is None
-                       else LoopCosts(calibrated["chain"], tree_over_chain=calibrated["tree_over_chain"]))
-    return LEARNT[key]
+    with _LEARNT_LOCK:
+        if key not in LEARNT:
+            calibrated = CALIBRATED.get(model_key(model))
+            LEARNT[key] = (LoopCosts(head_ratio=prefill_head_ratio(model)) if calibrated is None
+                           else LoopCosts(calibrated["chain"], tree_over_chain=calibrated["tree_over_chain"]))
+        return LEARNT[key]
 
 
 def prefill_head_ratio(model) -> float:
