@@ -56,10 +56,6 @@ class IndexArena:
         """(tokens, prev, table, at): what a kernel takes to view any entry (valid until the next allocate, resize or free)."""
         return self._arrays
 
-    @property
-    def nbytes(self) -> int:
-        return self.tokens.nbytes + self.prev.nbytes + self.table.nbytes + self.at.nbytes
-
     def grow_entries(self, entries: int) -> None:
         """Room for `entries` entries (the new ones free)."""
         if entries > self.entries:

@@ -99,10 +99,6 @@ class Batch:
         self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_share, self.out_status,
                      self.counts, self.per_pos)  # advance's `out` group
 
-    @property
-    def nbytes(self) -> int:
-        return self.slots.nbytes + self.document_stores.nbytes
-
     # -- requests ------------------------------------------------------------------------------
 
     def start(self, prompt_ids: np.ndarray, first_token: int, num_tokens: int) -> int:

@@ -43,10 +43,6 @@ class DocumentStores:
         """Stores some live request consults."""
         return len(self._doc_of)
 
-    @property
-    def nbytes(self) -> int:
-        return self.arena.nbytes + self.n.nbytes
-
     def arrays(self) -> tuple:
         """The kernels' `docs` group: (the arena's arrays, n)."""
         return self.arena.arrays(), self.n

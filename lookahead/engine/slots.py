@@ -75,10 +75,6 @@ class Slots:
         """The kernels' `slots` group: (cols, keep, overall, plan_ids, watch, watch_ids), until the slots next grow."""
         return self._state
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.state()) + (self.index.nbytes if self.index is not None else 0)
-
     def allocate(self, prompt_len: int, doc: int, first_token: int, tokens: int = 0) -> int:
         """A cleared slot for a new request that holds `tokens` tokens: its index regions sized at once for HEADROOM
         times them (a prompt would otherwise grow them several times, and its output again: each growth copies the

@@ -95,7 +95,8 @@ class LookupProposer:
                            eos_token_id=self.eos_token_id, min_tokens=MIN_TOKENS, min_table=MIN_SLOTS, thread=thread)
         self.requests: dict = {}  # request id (or content key) -> slot
         self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        self._ours = self._theirs = np.zeros(0, dtype=np.int64)  # (row,) tokens of our / vLLM's own draft verified
+        # (row,) tokens of our last draft, and of vLLM's own, that the step verified (_verified; grown with the rows)
+        self._ours, self._theirs = np.zeros(max_num_seqs, dtype=np.int64), np.zeros(max_num_seqs, dtype=np.int64)
         self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
         self._retired = False  # whether a request was retired since _slots_seen
         self._row_keys: list = []  # content mode: key of each row at the last step
