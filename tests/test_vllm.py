@@ -29,7 +29,7 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.engine import kernels
-from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
+from lookahead.sizing.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.engine.batch as batch_module
 import lookahead.integrations.vllm.proposer as proposer_module

@@ -23,10 +23,10 @@ requests), so state is keyed by request, never by row:
   at once by the kernels lookahead.request.Request runs for one (LookupDrafter's chains, the same
   keep rate). All requests share one bounded TokenStore (memory: each finished request is added to it).
 - load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
-  with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
+  with the step's cost measured from the time between calls (sizing.load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it) and each chance trusted as far as the load's
-  sent drafts kept what the sizer expected (load.KeptShare); drafts that would not raise tokens per
-  second by load.MIN_GAIN are not sent (load.worth_sending), and where no drafted token could
+  sent drafts kept what the sizer expected (sizing.load.KeptShare); drafts that would not raise tokens per
+  second by sizing.load.MIN_GAIN are not sent (worth_sending), and where no drafted token could
   clear the bar nothing is drafted at all: the step costs a copy of its new tokens.
 
 vLLM is not imported here: it builds this class and hands it plain arrays.
@@ -42,10 +42,10 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
-from lookahead.integrations.vllm.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
+from lookahead.sizing.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.sizing.rules import batch_sizes
 from lookahead.store import TokenStore
 
@@ -81,7 +81,7 @@ class LookupProposer:
         hf_config = getattr(vllm_config.model_config, "hf_config", None)
         self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
         fixed = options["fixed_cost_tokens"]
-        # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
+        # the step's cost: learnt from the time between calls (sizing.load), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else FixedStepCost(float(fixed))
         # what the sizer's promises kept, per load: its trust in them (none where nothing is sized or measured)
         self.kept_share = KeptShare() if fixed is None and options["cost_aware"] else None

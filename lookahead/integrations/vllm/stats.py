@@ -26,7 +26,7 @@ class ProposerStats:
     discarded_drafts: int = 0  # drafts vLLM dropped unverified (a preempted request, a step without room or without us)
     cut_tokens: int = 0  # drafted tokens the load rule did not send
     skipped_steps: int = 0  # steps the load rule drafted nothing for without drafting (no token could pay)
-    withheld_steps: int = 0  # steps whose drafts were made but not sent (not worth load.MIN_GAIN of tokens per second)
+    withheld_steps: int = 0  # steps whose drafts were made but not sent (not worth sizing.load.MIN_GAIN of tokens per second)
     memory_tokens: int = 0
     fixed_cost_tokens: float = 0.0  # the load rule's current F / p
     draft_cost_tokens: float = 0.0  # the load rule's extra cost of a step that verifies drafts, in verified tokens
