@@ -35,7 +35,7 @@ import lookahead.engine.batch as batch_module
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
-from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
+from lookahead.stats_file import STATS_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -44,9 +44,10 @@ from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
-from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
+from lookahead.integrations.vllm.stats import ProposerStats, stats_dict
 from lookahead.sizing.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.sizing.rules import batch_sizes
+from lookahead.stats_file import StatsFile
 from lookahead.store import TokenStore
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
