@@ -146,15 +146,15 @@ def test_requests_finished_in_one_step_are_retired_in_arrival_order():
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     retired = []
-    retire = proposer._retire
-    proposer._retire = lambda key: (retired.append(key), retire(key))
+    retire = proposer.batch.finish
+    proposer.batch.finish = lambda key: (retired.append(key), retire(key))
     runner.step(proposer, [("b", B, [20])], [[20]])
     runner.step(proposer, [("a", A, [5]), ("b", B, [20, 21])], [[5], [21]])  # "a" arrived after "b", in row 0
     runner.step(proposer, [("c", C, [40]), ("d", [1, 2], [3])], [[40], [3]])  # "a" and "b" finished
-    assert retired == ["b", "a"] and set(proposer.requests) == {"c", "d"}
-    slot_c = proposer.requests["c"]
+    assert retired == ["b", "a"] and set(proposer.batch.requests) == {"c", "d"}
+    slot_c = proposer.batch.requests["c"]
     runner.step(proposer, [("c", C, [40, 41])], [[41]])  # "d" finished, "c" kept its row
-    assert retired == ["b", "a", "d"] and proposer.requests == {"c": slot_c}
+    assert retired == ["b", "a", "d"] and proposer.batch.requests == {"c": slot_c}
 
 
 @pytest.mark.parametrize("identity", ["auto", "content"])
@@ -217,10 +217,10 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     proposer = new_proposer(row_identity="content")
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
-    drafters = dict(proposer.requests)  # request -> its slot (its tokens, index and keep rate)
+    drafters = dict(proposer.batch.requests)  # request -> its slot (its tokens, index and keep rate)
     # swapped, each with one drafted token accepted
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
-    assert dict(proposer.requests) == drafters  # none rebuilt
+    assert dict(proposer.batch.requests) == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
 
 
@@ -298,7 +298,7 @@ def test_runner_without_request_ids_warns_once(vllm_log):
 
 def learnt(proposer, key) -> tuple[list, list]:
     """What a request's keep rate has counted: kept tokens and failures per anchor length."""
-    keep = proposer.batch.slots.keep[proposer.requests[key]]
+    keep = proposer.batch.slots.keep[proposer.batch.requests[key]]
     return keep[:, 0].tolist(), keep[:, 1].tolist()
 
 
@@ -385,7 +385,7 @@ def test_preempted_request_keeps_its_drafter():
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
     runner.extra_live = ("a",)  # preempted: out of the batch, still in runner.requests
     runner.step(proposer, [("b", B, [20, 21])], [[21]])
-    assert "a" in proposer.requests and proposer.stats.finished == 0
+    assert "a" in proposer.batch.requests and proposer.stats.finished == 0
     runner.extra_live = ()
     assert runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]]) == [[7, 8, 5, 6], [23, 20, 21, 22]]
     assert proposer.stats.requests == 2
@@ -544,7 +544,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         assert out == reference.step(rows, sampled), step
         drafts = {key: ids for (key, _, _), ids in zip(rows, out)}
         for key, _, _ in rows:
-            slot, request = proposer.requests[key], reference.requests[key]
+            slot, request = proposer.batch.requests[key], reference.requests[key]
             assert proposer.batch.slots.keep[slot].ravel().tolist() == pytest.approx(request.slots.keep[0].ravel().tolist()), (step, key)
         finished = [r for r in live if len(r[1]) + len(r[2]) >= len(r[3])]
         live = [r for r in live if r not in finished]
@@ -653,7 +653,7 @@ def test_load_rule_follows_measured_acceptance():
     long_draft = len(first)
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
-        slot = proposer.requests["a"]
+        slot = proposer.batch.requests["a"]
         chain = proposer.batch.slots.plan_ids[slot, : proposer.batch.slots.cols[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
