@@ -613,6 +613,85 @@ def test_two_proposers_fed_the_same_steps_draft_alike():
     assert {**vars(proposers[0].stats), "propose_s": 0} == {**vars(proposers[1].stats), "propose_s": 0}
 
 
+def next_token(seq) -> int:
+    """A greedy target model over a small vocabulary: the next token is a function of the prefix alone (a period-7
+    cycle that every 11th position breaks), so lookup drafts are kept often and rejected sometimes."""
+    if len(seq) % 11 == 0:
+        return (seq[-1] * 7 + 3) % 50 + 1
+    return seq[-7] if len(seq) >= 7 else (seq[-1] % 50) + 1
+
+
+def tensor_parallel_serve(output_rank: int, step_costs, prompts, num_tokens: int):
+    """Serves `prompts` greedily to `num_tokens` output tokens each, as vLLM 0.32 does under tensor parallelism
+    (docs/vllm.md, "Tensor and pipeline parallelism"): every rank's runner calls its own proposer over the same rows,
+    the scheduler takes the drafts of `output_rank` alone (MultiprocExecutor.take_draft_token_ids), and every rank's
+    input_batch.spec_token_ids holds those (SchedulerOutput.scheduled_spec_decode_tokens). A rank's clock advances
+    by its own step cost, seconds = F + p * tokens + D * drafted (step_costs[rank] = (F, p, D)): its load rule
+    measures what that rank sees. Returns (outputs, each rank's drafts per step, the proposers)."""
+    proposers = [LookupProposer(fake_config(k=4, max_model_len=512)) for _ in step_costs]
+    runners = [FakeRunner(p) for p in proposers]
+    now = [0.0] * len(step_costs)
+    for rank, proposer in enumerate(proposers):
+        proposer.clock = lambda rank=rank: now[rank]
+    outputs = {f"r{i}": [] for i in range(len(prompts))}
+    scheduled: dict = {}  # request id -> the output rank's draft, verified at the next step
+    drafts_by_rank = [[] for _ in proposers]
+    sampled = {key: [] for key in outputs}
+    while any(len(out) < num_tokens for out in outputs.values()):
+        live = [key for key, out in outputs.items() if len(out) < num_tokens]
+        spec = [scheduled.get(key, []) for key in live]
+        for key, draft in zip(live, spec):  # the verify step: the greedy target keeps the draft's matching prefix
+            seq = prompts[int(key[1:])] + outputs[key]
+            written = []
+            for token in draft:
+                if token != next_token(seq + written):
+                    break
+                written.append(token)
+            written.append(next_token(seq + written))  # and writes its own next token
+            outputs[key] += written
+            sampled[key] = written
+        rows = [(key, prompts[int(key[1:])], outputs[key]) for key in live]
+        tokens = len(live) + sum(map(len, spec))
+        for rank, (proposer, runner) in enumerate(zip(proposers, runners)):
+            fixed, per_token, drafted = step_costs[rank]
+            now[rank] += fixed + per_token * tokens + drafted * any(spec)
+            runner.requests = {key: None for key in live}
+            runner.input_batch.set_rows(rows, spec)  # every rank verifies the scheduled drafts, whoever made them
+            out = proposer.propose([sampled[key] for key in live], runner.input_batch.num_tokens_no_spec,
+                                   runner.input_batch.token_ids_cpu)
+            drafts_by_rank[rank].append(out)
+            if rank == output_rank:
+                scheduled = dict(zip(live, out))
+    return {key: out[:num_tokens] for key, out in outputs.items()}, drafts_by_rank, proposers
+
+
+def test_tensor_parallel_ranks_timed_apart_draft_apart_yet_write_the_same_output():
+    """Two ranks whose measured step costs differ (a fixed-cost-bound step on rank 0, a per-token-bound one with a
+    dear drafted step on rank 1) size different drafts for the same rows; whichever rank's drafts the scheduler
+    takes, every rank verifies those, and the greedy output is the target's, token for token. Each rank counts the
+    drafts the step verified, as vLLM's metrics do; a draft that is not a prefix of its own is vLLM's own there."""
+    prompts = [[3, 9, 4, 17, 8, 2, 6] * 3, [12, 5, 30, 7, 1, 44, 21] * 3, [5, 6, 7, 8, 9, 10, 11, 12] * 2]
+    costs = [(0.050, 0.0001, 0.0), (0.0001, 0.002, 0.050)]  # (F, p, D) seconds: h = 500 on rank 0, 0.05 on rank 1
+    num_tokens = 60
+    expected = {}
+    for i, prompt in enumerate(prompts):
+        seq = list(prompt)
+        while len(seq) < len(prompt) + num_tokens:
+            seq.append(next_token(seq))
+        expected[f"r{i}"] = seq[len(prompt):]
+    served = {}
+    for output_rank in (0, 1):
+        outputs, drafts, proposers = served[output_rank] = tensor_parallel_serve(output_rank, costs, prompts, num_tokens)
+        assert outputs == expected
+        assert any(a != b for a, b in zip(*drafts)), "the ranks drafted alike: the test shows nothing"
+        assert sum(map(len, sum(drafts[output_rank], []))) > 0  # drafts were verified (and kept: fewer steps)
+        counted = [(p.stats.drafts, p.stats.draft_tokens, p.stats.accepted_tokens) for p in proposers]
+        assert counted[0] == counted[1] and counted[0][0] > 0
+        assert proposers[output_rank].stats.vllm_drafts == 0
+    # rank 1 sends less of the same chains than rank 0: under rank 0's drafts it had mostly sent none, so they are
+    # vLLM's own there; rank 1's drafts are prefixes of rank 0's, which rank 0 counts (and learns from) as its own
+    assert served[0][2][1].stats.vllm_drafts > 0 and served[1][2][0].stats.vllm_drafts == 0
+
 def test_drafts_end_at_eos_unless_told_otherwise():
     prompt = [5, 6, 2, 7] * 3  # the model's EOS (2) inside a repeated run
     for stop_at_eos, expected in ((True, [[6]]), (False, [[6, 2, 7, 5]])):
@@ -1082,6 +1161,35 @@ def test_installed_vllm_interface_is_the_one_we_read():
     if missing:
         moved.append(f"InputBatch no longer has {sorted(missing)}")
     assert not moved, "vLLM's custom_class interface moved:\n" + "\n".join(moved)
+
+
+def test_installed_vllm_verifies_one_ranks_drafts_on_every_rank():
+    """What docs/vllm.md's "Tensor and pipeline parallelism" reads in vLLM's code, read again from the installed one."""
+    require_vllm()
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def source(function):
+        return textwrap.dedent(inspect.getsource(function))
+
+    read = {  # what must hold -> whether the source still says it
+        "only the last pipeline stage builds a drafter": "get_pp_group().is_last_rank" in source(GPUModelRunner.__init__)
+        and "create_custom_proposer" in source(GPUModelRunner.__init__),
+        "the executor takes drafts from output_rank alone": "unique_reply_rank=self.output_rank"
+        in source(MultiprocExecutor.take_draft_token_ids),
+        "output_rank is TP rank 0 of the last stage": "self.world_size" in source(MultiprocExecutor._get_output_rank)
+        and "tensor_parallel_size" in source(MultiprocExecutor._get_output_rank),
+        "the engine hands them to the scheduler": "update_draft_token_ids" in source(EngineCore.post_step),
+        "the scheduler schedules them for every worker": "scheduled_spec_decode_tokens" in source(Scheduler.schedule),
+        "each worker verifies the scheduled drafts": "scheduled_spec_tokens.get(req_id" in source(InputBatch.update_req_spec_token_ids),
+        "async scheduling (a rank's own drafts) is off for custom_class": "async scheduling is only supported"
+        in source(VllmConfig.__post_init__) or "Async scheduling not supported" in source(VllmConfig.__post_init__),
+    }
+    assert all(read.values()), {claim: held for claim, held in read.items() if not held}
 
 
 MAX_NUM_SEQS = 4
