@@ -9,7 +9,7 @@ class ProposerStats:
 
     steps: int = 0
     requests: int = 0  # requests seen
-    finished: int = 0  # requests retired (their tokens filed into memory)
+    finished: int = 0  # requests finished (their tokens filed into memory)
     drafts: int = 0  # non-empty drafts verified, vLLM's own included
     draft_tokens: int = 0
     accepted_tokens: int = 0
