@@ -412,7 +412,7 @@ def read_stats(method: str, stats_path: Path) -> dict | None:
     """Our proposer's counters once its file has caught up (it is rewritten at most once a second); None for other methods."""
     if method != "lookahead":
         return None
-    from lookahead.integrations.vllm.stats import STATS_INTERVAL_S  # in this process only: see the plugin's note above
+    from lookahead.stats_file import STATS_INTERVAL_S  # in this process only: see the plugin's note above
 
     time.sleep(STATS_INTERVAL_S + 0.5)
     return json.loads(stats_path.read_text())

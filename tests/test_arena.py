@@ -72,13 +72,13 @@ def test_a_kernel_refuses_to_write_past_a_slots_region():
 
     batch = Batch(rows=1, num_draft_tokens=4, max_model_len=64, min_ngram=1, max_ngram=4, draft_factor=16.0, memory=None,
                   documents=DocumentLibrary(), min_tokens=4, min_table=16, thread=False)
-    slot = batch.start(np.array([1, 2, 3]), 1, 3)
+    slot = batch.start("a", np.array([1, 2, 3]), 1, 3)
     tokens = np.arange(1, 11, dtype=np.int32)[None]  # 10 tokens: more than the slot's 4
     one = np.ones(1, dtype=np.int64)
     assert batch.begin(np.array([slot]), 10 * one, one, 0 * one, 0 * one, tokens) == 1  # grown: fine
     batch.advance(bar=-1.0, force=True)
     batch.slots.free(slot)
-    slot = batch.start(np.array([1, 2, 3]), 1, 3)  # a fresh slot of 4 tokens, and the step's rows as begin left them
+    slot = batch.start("b", np.array([1, 2, 3]), 1, 3)  # a fresh slot of 4 tokens, and the step's rows as begin left them
     batch._step_rows = (np.array([slot]), *batch._step_rows[1:])
     with pytest.raises(IndexError, match="Slots.reserve"):
         batch.advance(bar=-1.0, force=True)

