@@ -56,31 +56,33 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     width = u + max(len(d) for d in drafts)
     ids, parents, depths = [], [], []
     for context, draft in zip(contexts, drafts):
-        draft_parents = draft.parents.tolist()
-        n = len(draft_parents)
+        n = len(draft)
         ids.append(context[-u:] + draft.token_ids.tolist())
-        if draft_parents == list(range(-1, n - 1)):  # a chain
+        if is_chain(draft.parents):
             parents.append(list(range(-1, u + n - 1)))
             depths.append(None)
             continue
+        draft_parents = draft.parents.tolist()
         parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft_parents])
         depth = [0] * n  # depth of each draft node, 1 for a root
         for i, p in enumerate(draft_parents):
             depth[i] = 1 if p < 0 else depth[p] + 1
         depths.append(depth)
     is_tree = any(depth is not None for depth in depths)
-    tokens = torch.tensor([row + [0] * (width - len(row)) for row in ids])
-    if not is_tree and cache.real is None and not any(skips) and all(len(row) == width for row in ids):
+    lengths = [len(row) for row in ids]
+    tokens = torch.tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
+    if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
         # the model's own causal mask; every row's positions follow its S real slots
         return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
-    cached = cache.real_tokens()
-    positions = np.ones((rows, width), dtype=np.int64)  # padding and fill at 1, as plain generate's padding
-    block_keys = np.zeros((rows, width), dtype=bool)  # which block entries are real tokens of the row
-    for r, (row, skip, depth) in enumerate(zip(ids, skips, depths)):
-        own = cached[r] + (u - 1 - skip)  # position of the row's last uncached token
-        positions[r, skip:u] = np.arange(cached[r], own + 1)
-        positions[r, u : len(row)] = own + (np.arange(1, len(row) - u + 1) if depth is None else np.asarray(depth, dtype=np.int64))
-        block_keys[r, skip : len(row)] = True
+    # Entry j of row r is a real token of it for skip[r] <= j < its length; in a chain it sits at position
+    # cached[r] + j - skip[r] (its real tokens before it); padding and fill at 1, as plain generate's padding.
+    entry = np.arange(width)
+    skip, length = np.asarray(skips)[:, None], np.asarray(lengths)[:, None]
+    block_keys = (entry >= skip) & (entry < length)  # (rows, width) which block entries are real tokens of the row
+    positions = np.where(block_keys, np.asarray(cache.real_tokens())[:, None] - skip + entry, 1)  # (rows, width) int64
+    for r, depth in enumerate(depths):  # a tree's nodes sit at its last uncached token's position + depth
+        if depth is not None:
+            positions[r, u : lengths[r]] = positions[r, u - 1] + np.asarray(depth, dtype=np.int64)
     positions = torch.from_numpy(positions)
     if not is_tree:
         return Block(tokens, positions, torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(), ids, parents, skips, u, False)
@@ -113,6 +115,13 @@ def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -
     keep_rollback(cache.cache, width - u + 1)  # the step's crop removes at most the width - u draft nodes
     out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
     return out.logits, (u - 1 if logits_to_keep else 0)
+
+
+def is_chain(parents: np.ndarray) -> bool:
+    """Whether a draft's parents ((n,), parents[i] < i) are a chain's, [-1, 0, ..., n - 2]: as parents[i] <= i - 1
+    for each i, their sum reaches the chain's, n (n - 3) / 2, only where every one is i - 1."""
+    n = parents.shape[0]
+    return n < 2 or int(parents.sum()) == n * (n - 3) // 2
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
