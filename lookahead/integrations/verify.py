@@ -16,6 +16,7 @@ is a draw from the model's processed distribution given the tokens before it; a 
 decides whether that draw is already computed.
 """
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,14 +175,18 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
 def top_ids(logits: torch.Tensor, entries: list[list[int]], k: int) -> list[np.ndarray]:
     """Per row r, (len(entries[r]), k) int32: the k highest-scoring ids at each of its logit positions
     entries[r], highest first. Cost: a top-k over (sum of the entries, vocab) on the device, one transfer.
-    One row's contiguous entries (a range) are read as a view, without building index tensors."""
-    if len(entries) == 1 and isinstance(entries[0], range) and entries[0].step == 1:
-        ids = logits[0, entries[0].start : entries[0].stop].topk(min(k, logits.shape[-1]), dim=-1).indices
-        return [ids.to(torch.int32).cpu().numpy()]
-    rows = torch.tensor([r for r, positions in enumerate(entries) for _ in positions], dtype=torch.long, device=logits.device)
-    positions = torch.tensor([i for row in entries for i in row], dtype=torch.long, device=logits.device)
-    ids = logits[rows, positions].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()
-    return np.split(ids, np.cumsum([len(row) for row in entries])[:-1])
+    One row's contiguous entries (a range) are read as a view; other entries through one index tensor."""
+    k = min(k, logits.shape[-1])
+    if len(entries) == 1:
+        e = entries[0]
+        picked = logits[0, e.start : e.stop] if isinstance(e, range) and e.step == 1 else \
+            logits[0, torch.tensor(e, dtype=torch.long, device=logits.device)]
+        return [picked.topk(k, dim=-1).indices.to(torch.int32).cpu().numpy()]
+    width = logits.shape[1]
+    flat = torch.tensor([r * width + i for r, positions in enumerate(entries) for i in positions], dtype=torch.long, device=logits.device)
+    ids = logits.reshape(-1, logits.shape[-1])[flat].topk(k, dim=-1).indices.to(torch.int32).cpu().numpy()
+    ends = list(itertools.accumulate(len(row) for row in entries))
+    return [ids[end - len(row) : end] for row, end in zip(entries, ends)]
 
 
 def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
