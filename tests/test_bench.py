@@ -333,6 +333,33 @@ def test_loop_overhead_rows_add_up_and_the_compact_vocabulary_keeps_every_step(t
         replay_hf(as_requests(tasks["a.jsonl"]), num_draft_tokens=16, ngram=3)["steps"] == by["a.jsonl", e2e.PLD]["forwards"]
 
 
+def test_loop_overhead_batches_are_exact_per_row_and_count_every_row_step(tmp_path, capsys):
+    from lookahead.bench import loop_overhead
+
+    a, b = write_traces(tmp_path, "a.jsonl", requests=2), write_traces(tmp_path, "b.jsonl", requests=2, seed=1, end=48)
+    code, out, _ = run_json(capsys, "--loop-overhead", "--traces", str(a), str(b), "--max-new-tokens", "20", "--methods",
+                            "greedy,hf prompt lookup k=16", "--rows", "1,3", "--prompt-tokens", "12")
+    assert code == 0 and out["prompt_tokens"] == 12
+    batches = out["batches"]
+    assert [(r["batch"], r["method"]) for r in batches] == [(b, m) for b in (1, 3) for m in loop_overhead.BATCH_METHODS]
+    for r in batches:
+        assert r["exact"], r  # every row equal to plain batched greedy's, and through it (forced) to its reference
+        assert r["forwards"] <= r["row_steps"] <= r["batch"] * r["forwards"]
+        assert r["outside_us_per_row_step"] * r["row_steps"] == pytest.approx(r["outside_us_per_step"] * r["forwards"])
+    plain = {r["batch"]: r for r in batches if r["method"] == "plain batched greedy"}
+    assert plain[3]["row_steps"] == 3 * plain[3]["forwards"] and plain[3]["x_plain"] == 1.0
+    # each row's ids a range of its own; the forcing reads the row off them, so plain greedy writes each row's reference
+    tasks = [traces.forced_trace_task(r, 20) for r in traces.read_traces([a], 2, None)["a.jsonl"]]
+    mapped, owner = loop_overhead.rows_vocabulary(tasks)
+    assert [owner[t.prompt[0]] for t in mapped] == [0, 1] and len(owner) == sum(len(set(t.prompt + t.reference + [t.eos_token_id])) for t in tasks)
+    model = traces.build_model(shape=TINY_SHAPE, vocab=len(owner) + 1, dtype=torch.float32, device="cpu")
+    run = loop_overhead.run_rows(model, mapped, owner, "plain batched greedy")
+    width = max(len(t.prompt) for t in mapped)
+    assert [row[width : width + len(t.reference)] for row, t in zip(run["output"], mapped)] == [t.reference for t in mapped]
+    assert main(["bench", "--rows", "4", "--traces", str(a)]) == 2
+    assert "--rows is an option of --loop-overhead" in capsys.readouterr().err
+
+
 def test_one_bench_mode_at_a_time(tmp_path, capsys):
     path = write_traces(tmp_path)
     assert main(["bench", "--loop-overhead", "--batch", "1", "--traces", str(path)]) == 2

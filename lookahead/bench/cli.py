@@ -100,6 +100,9 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--loop-overhead", action="store_true",
                         help="each method's seconds outside the forward per verify step, on a 1-layer model over trace requests "
                              "(--traces, default ../shared/traces; skipped where absent)")
+    parser.add_argument("--rows", default=None,
+                        help="with --loop-overhead: batch sizes, e.g. 4,16: also plain batched greedy vs lookahead.generate on one "
+                             "left-padded batch of trace requests per size, seconds outside the forward per row-step")
     parser.add_argument("--documents", action="store_true", help="RAG-style drafting from a document library: prefiltered vs indexing everything")
     parser.add_argument("--blend", action="store_true",
                         help="with --model: tokens per step of lookup alone, the model's own predictions alone and their blend, "
@@ -122,7 +125,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--fresh-kernels", action="store_true",
                         help="with --cold: numba's cache of the drafting kernels empty too, as in a fresh install's first process")
     parser.add_argument("--prompt-tokens", type=int, default=None,
-                        help="with --batch or --cold: each prompt's last N tokens (default 256 with --batch, 200 with --cold)")
+                        help="with --batch, --cold or --rows: each prompt's last N tokens (default 256 with --batch and --rows, 200 with --cold)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
     parser.add_argument("--json-out", type=Path, default=None, help="also write that JSON object to this file (the table still printed)")
     parser.add_argument("--plot", type=Path, default=None, help="write a chart of speedup per workload and method")
@@ -136,8 +139,10 @@ def run_bench(args) -> int:
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.prompt_tokens is not None and ((args.batch is None and not args.cold) or args.prompt_tokens < 1):
-        raise ValueError(f"--prompt-tokens cuts the prompts of --batch or --cold, and must be >= 1, got {args.prompt_tokens}")
+    if args.prompt_tokens is not None and ((args.batch is None and not args.cold and args.rows is None) or args.prompt_tokens < 1):
+        raise ValueError(f"--prompt-tokens cuts the prompts of --batch, --cold or --rows, and must be >= 1, got {args.prompt_tokens}")
+    if args.rows is not None and not args.loop_overhead:
+        raise ValueError("--rows is an option of --loop-overhead")
     if args.fresh_kernels and not args.cold:
         raise ValueError("--fresh-kernels is an option of --cold")
     modes = [flag for flag, on in (("--batch", args.batch is not None), ("--cold", args.cold), ("--loop-overhead", args.loop_overhead),

@@ -18,17 +18,32 @@ requests run (a few thousand for 3 requests per file, against Llama-3's 128,256)
 head stays small; drafts and acceptance depend only on which ids are equal, so every
 method's steps are those at the real vocabulary. The work outside the forward that grows
 with the vocabulary (argmax over logits, copies of them, processors) is priced at U.
+
+With --rows 4,16: the same per batch of B rows, per row-step (a row's share of a verify step:
+the seconds outside the forward over the rows each forward pass held, summed), plain batched
+greedy against `lookahead.generate` on one left-padded batch of the first B requests of the
+files in turn, each prompt's last --prompt-tokens (BATCH_PROMPT_TOKENS) tokens. Rows are told
+apart inside the forward by their ids: each row's ids are mapped onto a range of its own
+(rows_vocabulary), so the forcing (force_rows) reads a row's reference off its own token, as
+rows leave our batch and its cache is compacted; rows then share no id, so a batch's drafts
+come from each row's own tokens, never from a finished row's (the shared memory's).
 """
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 from transformers import GenerationConfig
 
+import lookahead
 from lookahead.bench.e2e import PLD, bench_model, select_methods
 from lookahead.bench.tables import format_table, json_report
-from lookahead.bench.traces import Task, build_model, forced_trace_task, parse_dtypes, read_traces, trace_paths
+from lookahead.bench.timing import timed_generate
+from lookahead.bench.traces import (
+    Task, build_model, forced_trace_task, forward_hooks, parse_dtypes, parse_sizes, read_traces, trace_paths,
+)
+from lookahead import LookupDrafter
 from lookahead.integrations.assistant import AssistantConfig
 
 # transformers' assisted loop with an assistant that never drafts: what `assistant_model=` costs before any drafter's work.
@@ -39,6 +54,8 @@ OURS = "lookahead assistant_model"  # the method whose drafts are replayed
 
 # Forward well under a millisecond on one CPU thread: 1 layer, hidden 64.
 OVERHEAD_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+BATCH_METHODS = ("plain batched greedy", "lookahead.generate")  # --rows: each batch's methods, the first the baseline
+BATCH_PROMPT_TOKENS = 256  # --rows without --prompt-tokens: each prompt's last 256 tokens
 
 
 def run_loop_overhead(args) -> int:
@@ -52,8 +69,13 @@ def run_loop_overhead(args) -> int:
         raise ValueError(f"--loop-overhead takes one --dtype, got {args.dtype!r}")
     rows, vocab = loop_overhead(paths, requests=args.requests, max_new_tokens=args.max_new_tokens, dtype=dtype, device=device,
                                 repeats=args.repeats, methods_spec=args.methods)
+    sizes = [] if args.rows is None else parse_sizes(args.rows, option="--rows", least=1, example="4,16")
+    prompt_tokens = args.prompt_tokens or BATCH_PROMPT_TOKENS
+    batches = rows_overhead(paths, sizes=sizes, prompt_tokens=prompt_tokens, max_new_tokens=args.max_new_tokens, dtype=dtype,
+                            device=device, repeats=args.repeats) if sizes else []
     if not json_report(args, {"device": device, "shape": OVERHEAD_SHAPE, "vocab": vocab, "requests": args.requests,
-                              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows}):
+                              "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "results": rows,
+                              **({"prompt_tokens": prompt_tokens, "batches": batches} if sizes else {})}):
         print(f"model: 1-layer random Qwen2 (hidden {OVERHEAD_SHAPE['hidden_size']}), the traces' ids mapped onto a vocabulary of {vocab}, "
               f"{str(dtype).removeprefix('torch.')}, {device}; {args.requests} request(s) per file, at most {args.max_new_tokens} new tokens each")
         print("outside: wall clock minus the time inside the target's forward passes (each timed in hooks"
@@ -65,7 +87,17 @@ def run_loop_overhead(args) -> int:
             [[r["file"], r["method"], f"{r['forward_us']:.0f}", f"{r['outside_us_per_step']:.0f}", f"{r['outside_us_per_token']:.0f}",
               f"{r['x_greedy']:.2f}", f"{r['x_pld']:.2f}", f"{r['tau']:.2f}", "yes" if r["exact"] else "NO"] for r in rows],
         ))
-    return 0 if all(r["exact"] for r in rows) else 1
+        if batches:
+            print(f"\nbatches: the first B requests of the files in turn, prompts cut to their last {prompt_tokens} tokens, each row's ids "
+                  "a range of their own; outside: as above, per verify step and per row-step (its share of a step: over the rows "
+                  "each forward held, summed); x plain: per row-step over plain batched greedy's, same run; exact: every row "
+                  "equal to plain batched greedy's")
+            print(format_table(
+                ["batch", "method", "forwards", "row-steps", "forward us", "outside us/step", "outside us/row-step", "x plain", "exact"],
+                [[r["batch"], r["method"], r["forwards"], r["row_steps"], f"{r['forward_us']:.0f}", f"{r['outside_us_per_step']:.0f}",
+                  f"{r['outside_us_per_row_step']:.1f}", f"{r['x_plain']:.2f}", "yes" if r["exact"] else "NO"] for r in batches],
+            ))
+    return 0 if all(r["exact"] for r in rows + batches) else 1
 
 
 def compact_vocabulary(tasks: dict[str, list[Task]]) -> tuple[dict[str, list[Task]], int]:
@@ -169,3 +201,104 @@ def overhead_summary(per_run: list[dict[str, dict]], method: str) -> dict:
                 forward_us=inside / forwards * 1e6, outside_us_per_step=per_step * 1e6, outside_us_per_token=outside / tokens * 1e6,
                 x_greedy=round(per_step / (greedy_outside / greedy_forwards), 3), x_pld=round(per_step / (pld_outside / pld_forwards), 3),
                 exact=all(run[method]["exact"] for run in per_run))
+
+
+def rows_vocabulary(tasks: list[Task]) -> tuple[list[Task], list[int]]:
+    """The tasks with row r's ids mapped one to one onto a range of its own (ranges in row order), and per id
+    the row whose range holds it; the vocabulary is that list's length + 1, its last id the padding (no row's)."""
+    mapped, owner = [], []
+    for r, t in enumerate(tasks):
+        ids = sorted(set(t.prompt + t.reference + [t.eos_token_id]))
+        new = {old: len(owner) + i for i, old in enumerate(ids)}
+        mapped.append(Task([new[i] for i in t.prompt], [new[i] for i in t.reference], new[t.eos_token_id], t.max_new_tokens))
+        owner += [r] * len(ids)
+    return mapped, owner
+
+
+@contextmanager
+def force_rows(model, tasks: list[Task], owner: list[int], counts: dict):
+    """Within the block, a forward's row holding row r's ids (rows_vocabulary's `owner`: r is read off the row's
+    first id that is not the padding, len(owner)), at position p (position_ids: its real tokens before it), makes
+    tasks[r].reference[p + 1 - len(prompt)] the argmax of its logits (as traces.force_reference, per row).
+    counts["row_steps"] sums the rows of every forward. A few tensor ops per forward, no host sync."""
+    device, pad = model.device, len(owner)
+    owner = torch.tensor(owner + [-1], device=device)  # (vocab,) the row whose range holds the id (-1: the padding)
+    longest = max(len(t.reference) for t in tasks)
+    target = torch.tensor([t.reference + [0] * (longest - len(t.reference)) for t in tasks], device=device)  # (tasks, longest)
+    lengths = torch.tensor([len(t.reference) for t in tasks], device=device)  # (tasks,)
+    prompt_lens = torch.tensor([len(t.prompt) for t in tasks], device=device)  # (tasks,)
+    step = {}  # the forward in flight: its rows' tasks and positions
+
+    def before(module, args, kwargs):
+        ids, positions = kwargs.get("input_ids", args[0] if args else None), kwargs.get("position_ids")
+        if positions is None:
+            raise ValueError("force_rows reads each row's positions: the forward got no position_ids")
+        first_real = (ids != pad).int().argmax(dim=1, keepdim=True)  # (rows, 1)
+        step["rows"], step["positions"] = owner[ids.gather(1, first_real)[:, 0]], positions
+        counts["row_steps"] += ids.shape[0]
+
+    def after(module, args, kwargs, output):
+        logits, rows = output.logits, step["rows"]  # (rows, K, vocab): the last K positions of the block
+        t = step["positions"][:, -logits.shape[1] :] + 1 - prompt_lens[rows][:, None]  # (rows, K) the reference index each predicts
+        valid = (t >= 0) & (t < lengths[rows][:, None]) & (rows[:, None] >= 0)  # rows < 0: a finished row's padding (plain generate's)
+        tokens = target[rows[:, None], t.clamp(0, longest - 1)]
+        top = logits.max(-1).values
+        at = logits.gather(2, tokens[..., None])[..., 0]
+        logits.scatter_(2, tokens[..., None], torch.where(valid, top + top.abs() / 32 + 1, at)[..., None])
+        return output
+
+    with forward_hooks(model, before, after):
+        yield
+
+
+def rows_overhead(paths, *, sizes: list[int], prompt_tokens: int, max_new_tokens: int, dtype, device: str, repeats: int = 1) -> list[dict]:
+    """Rows per (batch size, method): seconds outside the forward per verify step and per row-step, each
+    method's run with the least outside time of `repeats` (methods taking turns, the first alternating)."""
+    per_file = read_traces(list(paths), max(sizes), None)
+    pooled = [request for group in zip(*per_file.values()) for request in group]  # the files in turn
+    pooled += [r for requests in per_file.values() for r in requests[len(pooled) // len(per_file) :]]
+    if len(pooled) < max(sizes):
+        raise ValueError(f"--rows {max(sizes)} needs {max(sizes)} requests; the trace files hold {len(pooled)}")
+    tasks = [forced_trace_task(r, max_new_tokens) for r in pooled[: max(sizes)]]
+    tasks = [Task(t.prompt[-prompt_tokens:], t.reference, t.eos_token_id, t.max_new_tokens) for t in tasks]
+    tasks, owner = rows_vocabulary(tasks)
+    model = build_model(shape=OVERHEAD_SHAPE, vocab=len(owner) + 1, dtype=dtype, device=device)
+    warm = [Task(t.prompt[-16:], t.reference[:4], t.eos_token_id, 4) for t in tasks[:2]]
+    for method in BATCH_METHODS:
+        run_rows(model, warm, owner, method)
+    out = []
+    for size in sizes:
+        runs = {method: [] for method in BATCH_METHODS}
+        for repeat in range(repeats):
+            for method in BATCH_METHODS[repeat % 2 :] + BATCH_METHODS[: repeat % 2]:
+                runs[method].append(run_rows(model, tasks[:size], owner, method))
+        expected = runs[BATCH_METHODS[0]][0]["output"]
+        best = {method: min(results, key=lambda r: r["outside_s"]) for method, results in runs.items()}
+        plain = best[BATCH_METHODS[0]]
+        for method, results in runs.items():
+            r = best[method]
+            out.append(dict(batch=size, method=method, forwards=r["forwards"], row_steps=r["row_steps"], seconds=r["seconds"],
+                            forward_us=r["forward_s"] / r["forwards"] * 1e6, outside_us_per_step=r["outside_s"] / r["forwards"] * 1e6,
+                            outside_us_per_row_step=r["outside_s"] / r["row_steps"] * 1e6,
+                            x_plain=round((r["outside_s"] / r["row_steps"]) / (plain["outside_s"] / plain["row_steps"]), 3),
+                            outside_us_per_row_step_runs=[run["outside_s"] / run["row_steps"] * 1e6 for run in results],
+                            exact=all(run["output"] == expected for run in results)))
+    return out
+
+
+def run_rows(model, tasks: list[Task], owner: list[int], method: str) -> dict:
+    """One batched generate() call of `method` on the tasks (row r's ids in owner's range r, rows_vocabulary), left-padded,
+    forced (force_rows): its output rows, seconds, seconds inside and outside the forward, forward passes and row-steps."""
+    pad = len(owner)
+    width = max(len(t.prompt) for t in tasks)
+    ids = torch.tensor([[pad] * (width - len(t.prompt)) + t.prompt for t in tasks], device=model.device)
+    mask = torch.tensor([[0] * (width - len(t.prompt)) + [1] * len(t.prompt) for t in tasks], device=model.device)
+    kwargs = dict(attention_mask=mask, max_new_tokens=max(t.max_new_tokens for t in tasks), do_sample=False,
+                  eos_token_id=[t.eos_token_id for t in tasks], pad_token_id=pad)
+    if method == "lookahead.generate":  # a fresh drafter per batch; the table learns from the kept path (traces.forced_options)
+        kwargs |= dict(custom_generate=lookahead.generate, assistant=LookupDrafter(), record_rejected=False)
+    counts = dict(row_steps=0)
+    with force_rows(model, tasks, owner, counts):
+        out, timing = timed_generate(model, ids, kwargs, forward_time=True)
+    return dict(output=out.tolist(), seconds=timing.seconds, forward_s=timing.forward_s, outside_s=timing.seconds - timing.forward_s,
+                forwards=timing.forwards, row_steps=counts["row_steps"])

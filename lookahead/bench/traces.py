@@ -182,6 +182,14 @@ def force_reference(model, prompt_len: int, reference: list[int]):
         logits[rows, tokens] = torch.where(valid, top + top.abs() / 32 + 1, logits[rows, tokens])
         return output
 
+    with forward_hooks(model, before, after):
+        yield
+
+
+@contextmanager
+def forward_hooks(model, before, after):
+    """Within the block, before(module, args, kwargs) runs ahead of every forward of `model` and
+    after(module, args, kwargs, output) behind it (its return value replaces the output)."""
     handles = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after, with_kwargs=True)]
     try:
         yield

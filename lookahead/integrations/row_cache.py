@@ -10,6 +10,7 @@ a quarter of it. A single row never has holes: while no row has any, nothing is 
 (`real` is None) and a step's bookkeeping is a crop or a tail gather.
 """
 
+import numpy as np
 import torch
 
 from lookahead.integrations.hf import drop_cache_tail, gather_cache_rows, gather_cache_tail
@@ -35,13 +36,14 @@ class RowCache:
         self.rows = rows
         self.length = 0  # S
         self.real: torch.Tensor | None = None
+        self.counts: list[int] | None = None  # per row, its real slots (real's row sums); None: S each, where real is None
 
     def __len__(self) -> int:
         return self.length
 
     def real_tokens(self) -> list[int]:
         """Per row, its real tokens in the cache."""
-        return [self.length] * self.rows if self.real is None else self.real.sum(dim=1).tolist()
+        return [self.length] * self.rows if self.counts is None else self.counts
 
     def slots(self) -> torch.Tensor:
         """(rows, S) bools: `real`, with every slot marked where it is None."""
@@ -68,12 +70,12 @@ class RowCache:
         if self.real is None and all(span == (0, added) for span in spans):  # still no holes
             self.length += added
             return
-        block = torch.zeros((self.rows, added), dtype=torch.bool)
-        for i, (low, high) in enumerate(spans):
-            block[i, low:high] = True
+        low, high = np.array(spans).T[:, :, None]  # (rows, 1) each: the row's kept span of the added slots
+        block = torch.from_numpy((np.arange(added) >= low) & (np.arange(added) < high))
+        self.counts = [count + int(h - l) for count, l, h in zip(self.real_tokens(), low[:, 0], high[:, 0])]
         self.real = torch.cat([self.slots(), block], dim=1)
         self.length += added
-        if self.length > 1.25 * int(self.real.sum(dim=1).max()) + 16:
+        if self.length > 1.25 * max(self.counts) + 16:
             self.compact(list(range(self.rows)))
 
     def compact(self, going: list[int]) -> None:
@@ -90,3 +92,4 @@ class RowCache:
         gather_cache_rows(self.cache, torch.tensor(going), index)
         self.rows, self.length = len(going), longest
         self.real = None if bool(compacted.all()) else compacted
+        self.counts = None if self.real is None else lengths.tolist()

@@ -16,6 +16,7 @@ is a draw from the model's processed distribution given the tokens before it; a 
 decides whether that draw is already computed.
 """
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,31 +57,33 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     width = u + max(len(d) for d in drafts)
     ids, parents, depths = [], [], []
     for context, draft in zip(contexts, drafts):
-        draft_parents = draft.parents.tolist()
-        n = len(draft_parents)
+        n = len(draft)
         ids.append(context[-u:] + draft.token_ids.tolist())
-        if draft_parents == list(range(-1, n - 1)):  # a chain
+        if is_chain(draft.parents):
             parents.append(list(range(-1, u + n - 1)))
             depths.append(None)
             continue
+        draft_parents = draft.parents.tolist()
         parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft_parents])
         depth = [0] * n  # depth of each draft node, 1 for a root
         for i, p in enumerate(draft_parents):
             depth[i] = 1 if p < 0 else depth[p] + 1
         depths.append(depth)
     is_tree = any(depth is not None for depth in depths)
-    tokens = torch.tensor([row + [0] * (width - len(row)) for row in ids])
-    if not is_tree and cache.real is None and not any(skips) and all(len(row) == width for row in ids):
+    lengths = [len(row) for row in ids]
+    tokens = torch.tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
+    if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
         # the model's own causal mask; every row's positions follow its S real slots
         return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
-    cached = cache.real_tokens()
-    positions = np.ones((rows, width), dtype=np.int64)  # padding and fill at 1, as plain generate's padding
-    block_keys = np.zeros((rows, width), dtype=bool)  # which block entries are real tokens of the row
-    for r, (row, skip, depth) in enumerate(zip(ids, skips, depths)):
-        own = cached[r] + (u - 1 - skip)  # position of the row's last uncached token
-        positions[r, skip:u] = np.arange(cached[r], own + 1)
-        positions[r, u : len(row)] = own + (np.arange(1, len(row) - u + 1) if depth is None else np.asarray(depth, dtype=np.int64))
-        block_keys[r, skip : len(row)] = True
+    # Entry j of row r is a real token of it for skip[r] <= j < its length; in a chain it sits at position
+    # cached[r] + j - skip[r] (its real tokens before it); padding and fill at 1, as plain generate's padding.
+    entry = np.arange(width)
+    skip, length = np.asarray(skips)[:, None], np.asarray(lengths)[:, None]
+    block_keys = (entry >= skip) & (entry < length)  # (rows, width) which block entries are real tokens of the row
+    positions = np.where(block_keys, np.asarray(cache.real_tokens())[:, None] - skip + entry, 1)  # (rows, width) int64
+    for r, depth in enumerate(depths):  # a tree's nodes sit at its last uncached token's position + depth
+        if depth is not None:
+            positions[r, u : lengths[r]] = positions[r, u - 1] + np.asarray(depth, dtype=np.int64)
     positions = torch.from_numpy(positions)
     if not is_tree:
         return Block(tokens, positions, torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(), ids, parents, skips, u, False)
@@ -113,6 +116,13 @@ def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -
     keep_rollback(cache.cache, width - u + 1)  # the step's crop removes at most the width - u draft nodes
     out = model(input_ids=block.tokens.to(device), **cache_inputs(model, cache.cache), **keep)
     return out.logits, (u - 1 if logits_to_keep else 0)
+
+
+def is_chain(parents: np.ndarray) -> bool:
+    """Whether a draft's parents ((n,), parents[i] < i) are a chain's, [-1, 0, ..., n - 2]: as parents[i] <= i - 1
+    for each i, their sum reaches the chain's, n (n - 3) / 2, only where every one is i - 1."""
+    n = parents.shape[0]
+    return n < 2 or int(parents.sum()) == n * (n - 3) // 2
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
@@ -165,14 +175,18 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
 def top_ids(logits: torch.Tensor, entries: list[list[int]], k: int) -> list[np.ndarray]:
     """Per row r, (len(entries[r]), k) int32: the k highest-scoring ids at each of its logit positions
     entries[r], highest first. Cost: a top-k over (sum of the entries, vocab) on the device, one transfer.
-    One row's contiguous entries (a range) are read as a view, without building index tensors."""
-    if len(entries) == 1 and isinstance(entries[0], range) and entries[0].step == 1:
-        ids = logits[0, entries[0].start : entries[0].stop].topk(min(k, logits.shape[-1]), dim=-1).indices
-        return [ids.to(torch.int32).cpu().numpy()]
-    rows = torch.tensor([r for r, positions in enumerate(entries) for _ in positions], dtype=torch.long, device=logits.device)
-    positions = torch.tensor([i for row in entries for i in row], dtype=torch.long, device=logits.device)
-    ids = logits[rows, positions].topk(min(k, logits.shape[-1]), dim=-1).indices.to(torch.int32).cpu().numpy()
-    return np.split(ids, np.cumsum([len(row) for row in entries])[:-1])
+    One row's contiguous entries (a range) are read as a view; other entries through one index tensor."""
+    k = min(k, logits.shape[-1])
+    if len(entries) == 1:
+        e = entries[0]
+        picked = logits[0, e.start : e.stop] if isinstance(e, range) and e.step == 1 else \
+            logits[0, torch.tensor(e, dtype=torch.long, device=logits.device)]
+        return [picked.topk(k, dim=-1).indices.to(torch.int32).cpu().numpy()]
+    width = logits.shape[1]
+    flat = torch.tensor([r * width + i for r, positions in enumerate(entries) for i in positions], dtype=torch.long, device=logits.device)
+    ids = logits.reshape(-1, logits.shape[-1])[flat].topk(k, dim=-1).indices.to(torch.int32).cpu().numpy()
+    ends = list(itertools.accumulate(len(row) for row in entries))
+    return [ids[end - len(row) : end] for row, end in zip(entries, ends)]
 
 
 def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
