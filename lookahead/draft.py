@@ -193,6 +193,10 @@ class DraftSource(Protocol):
     def grow_tree(self, max_tree_nodes: int) -> Draft:
         """The tree of the last `propose(..., hedged=True)`'s candidates, at most `max_tree_nodes` nodes."""
 
+    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray]:
+        """The last `propose(..., hedged=True)`'s candidates the model likeliest writes, likeliest first (at most
+        `max_tree_nodes`; every prefix a tree), and each one's chance, lookup's next token kept with `keep_chance`."""
+
     def record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),
         after `extend` with the step's tokens. A source that drafts without them ignores them."""

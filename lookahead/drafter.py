@@ -13,7 +13,7 @@ from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as
 from lookahead.policy import (  # (the candidates' weights and walks: one definition, shared with the engine's chains)
     CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE, TREE_WALK,
 )
-from lookahead.predictions import LeadChances, PredictionTable, RankChances
+from lookahead.predictions import LeadChances, PredictionTable, RankChances, TreeChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
@@ -32,12 +32,17 @@ PREDICTION_SCALE = 2.0  # chosen over 0.5 and 1 on stories260K's unsized trees (
 # (notes/README.md: blended chains).
 PREDICTION_CHAIN_NODES = 0
 PREDICTION_TREE_NODES = 64  # and a tree's
-# Sized (a tree grown from the sized chain: propose(hedged=True), grow_tree), lookup's candidates
-# come first and the table's fill what they leave: the chain is lookup's heaviest path whenever
-# lookup has one (its keep rate, learnt per match length, prices it), the tree lookup's heaviest
-# nodes before any of the table's alone. A sized step verifies few nodes, and the table's weights
-# (tuned on whole trees) would displace lookup's better ones there. Unsized (propose_tree) the
-# blend is by weight, where the table's siblings pay (notes/README.md: lookup first).
+# A drafter kept across requests starts each from its last ones' rank and lead chances at this share of
+# their counts (the request's own soon outweigh them): on stories260K's kept drafter at a GPU-like
+# step cost, 1.02x tokens per step greedy and 1.03x sampled over starting afresh (notes/README.md: trees at a GPU's prices).
+CARRY = 0.5
+# Sized, the chain is lookup's heaviest path whenever lookup has one (its keep rate, learnt per
+# match length, prices it). A one-row tree step (propose(hedged=True), likeliest_tree) verifies
+# the candidates the model likeliest writes, each priced from that keep rate and the blend's
+# weights and corrected by what such nodes kept (TreeChances), as many as pay under the step's cost;
+# a batch's tree (grow_tree) takes lookup's heaviest nodes before any of the table's alone, as
+# many as cost what the widest chain does (notes/README.md: lookup first; trees at a GPU's prices).
+# Unsized (propose_tree) the blend is by weight, where the table's siblings pay.
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
@@ -174,8 +179,9 @@ class LookupDrafter:
         self._document_store: TokenStore | None = None  # the documents relevant to the current request
         self.predictions = predictions
         self.lookup = True  # False: draft from the prediction table alone (a measurement's baseline)
-        self.rank_chances = RankChances(predictions.k) if predictions is not None else None  # learnt per request (reset)
-        self.lead_chances = LeadChances(max_ngram)  # learnt per request (reset)
+        self.rank_chances = RankChances(predictions.k) if predictions is not None else None  # learnt, carried across requests (reset)
+        self.lead_chances = LeadChances(max_ngram)  # learnt, carried across requests (reset)
+        self.tree_chances = TreeChances()  # learnt across requests (likeliest_tree)
         self._trie = DraftTrie()  # rebuilt by every propose
         self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
         self._tree_match_len: int | None = None  # the trie holds a tree's candidates (grow_tree), anchored this long
@@ -226,6 +232,7 @@ class LookupDrafter:
         )
         child.chain_walk, child.tree_walk, child.first_reach, child.lookup = self.chain_walk, self.tree_walk, self.first_reach, self.lookup
         child.eos_token_ids = self.eos_token_ids
+        child.tree_chances = self.tree_chances
         return child
 
     @property
@@ -285,9 +292,9 @@ class LookupDrafter:
             self._prompt_len = len(self.index)
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
             self.stats = DraftStats()
-            if self.predictions is not None:
-                self.rank_chances = RankChances(self.predictions.k)
-                self.lead_chances = LeadChances(self.max_ngram)
+            if self.predictions is not None:  # the table is kept: so is, at a share, what it taught of it
+                self.rank_chances.carry(CARRY)
+                self.lead_chances.carry(CARRY)
 
     def finish(self) -> None:
         """Ends the current request, in this thread: files its tokens (prompt and output) into memory and drops them.
@@ -371,6 +378,9 @@ class LookupDrafter:
         self._tree_match_len = None
         limit = self._limit(num_draft_tokens)
         if limit == 0:
+            if hedged:  # no room: no candidates to grow a tree from
+                self._trie.clear()
+                self._tree_match_len = 0
             return EMPTY_DRAFT
         match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged,
                                     predicted=PREDICTION_TREE_NODES if hedged else PREDICTION_CHAIN_NODES)
@@ -406,11 +416,27 @@ class LookupDrafter:
         Raises:
             RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
+        self._searched("grow_tree")
+        return self._tree(max_tree_nodes, first_class=self._lookup_nodes)  # sized: lookup's nodes first
+
+    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray]:
+        """The `max_tree_nodes` candidates of the last `propose(..., hedged=True)` (or `propose_tree`) the model
+        likeliest writes, likeliest first, and each one's chance (DraftTrie.likeliest: lookup's heaviest next
+        token kept with `keep_chance`, its siblings in proportion to their weight): every prefix of the
+        draft is a tree, so a sizer cuts it where the next node no longer pays (sizing.rules.tree_size).
+
+        Raises:
+            RuntimeError: no tree's candidates were searched since the sequence last changed.
+        """
+        self._searched("likeliest_tree")
+        token_ids, parents, estimates = self._trie.likeliest(max_tree_nodes, keep_chance)
+        return Draft(token_ids, parents, self._tree_match_len), estimates
+
+    def _searched(self, caller: str) -> None:
         self._check_thread()
         if self._tree_match_len is None:
-            raise RuntimeError("grow_tree drafts from the last propose(..., hedged=True) or propose_tree, and there is none since "
+            raise RuntimeError(f"{caller} drafts from the last propose(..., hedged=True) or propose_tree, and there is none since "
                                "the sequence changed")
-        return self._tree(max_tree_nodes, first_class=self._lookup_nodes)  # sized: lookup's nodes first
 
     def _tree(self, max_tree_nodes: int, *, first_class: int) -> Draft:
         if max_tree_nodes < 1 or not len(self._trie):

@@ -15,10 +15,12 @@ bookkeeping (what was drafted, what the keep rate learns, what the drafter index
 written once.
 """
 
+import numpy as np
+
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, Draft, DraftSource, StepPlan
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
-from lookahead.sizing.rules import chain_size, tree_nodes
+from lookahead.sizing.rules import chain_size, tree_size
 
 
 class Request:
@@ -51,6 +53,7 @@ class Request:
         self.slots: Slots | None = None  # sized: slot 0 holds the keep rate and the pending chain
         self._new_slot()
         self.last: StepPlan | None = None  # the plan of the step being verified
+        self.estimates = None  # its tree's nodes' estimated chances (commit_tree), learnt from once verified
         self.position = 0  # tokens the drafter had seen when `last` was drafted
 
     def _new_slot(self) -> None:
@@ -101,10 +104,21 @@ class Request:
             whole = drafter.propose_tree(room, max_tree_nodes=max_tree_nodes)
             return self.commit(whole.prefix(0), 0, whole)
         chain = drafter.propose(room, hedged=tree)
+        if tree:
+            return self.commit_tree(chain, cost, max_tree_nodes)
         size = len(chain) if cost is None or self.slots is None or not len(chain) else chain_size(self.keep_chance(chain), len(chain), cost)
-        if not tree or not size:
-            return self.commit(chain, size)
-        return self.commit(chain, size, drafter.grow_tree(tree_nodes(size, max_tree_nodes, cost)))
+        return self.commit(chain, size)
+
+    def commit_tree(self, chain: Draft, cost, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> StepPlan:
+        """A one-row tree step, sized: of the candidates `chain` was drawn from (propose(..., hedged=True)), the
+        likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`."""
+        chance = self.keep_chance(chain)
+        tree, estimates = self.drafter.likeliest_tree(max_tree_nodes, chance)
+        nodes = tree_size(self.drafter.tree_chances.chances(estimates), cost)
+        size = chain_size(chance, len(chain), cost) if len(chain) else 0
+        plan = self.commit(chain, size, tree.prefix(nodes))
+        self.estimates = estimates[:nodes]
+        return plan
 
     def verified(self, written, accepted: int | None = None, checked: int | None = None, predicted=None) -> None:
         """After the step: the model wrote `written` (its kept drafted tokens, then its own; cut where
@@ -113,9 +127,11 @@ class Request:
         `predicted`: (block entries, the model's top-k ids after each) for the drafter's prediction table."""
         plan, written = self.last, written.tolist() if hasattr(written, "tolist") else list(written)
         if plan is not None:
-            kept = len(written) - 1 if accepted is None else accepted
-            self.drafter.stats.record_accepted(min(max(kept, 0), len(plan.draft)))
-        self.last = None
+            kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
+            self.drafter.stats.record_accepted(kept)
+            if self.estimates is not None and len(self.estimates):
+                self.drafter.tree_chances.observe(self.estimates, on_path(plan.draft, written[:kept]))
+        self.last, self.estimates = None, None
         self.drafter.extend(written)
         if self.slots is not None:  # the plan (if any, and of a chain) resolved against the tokens as written
             verified = 0 if plan is None else plan.size if checked is None else checked
@@ -126,7 +142,7 @@ class Request:
 
     def discard(self) -> None:
         """The last plan was not verified (a server dropped it): nothing is learnt from it."""
-        self.last = None
+        self.last, self.estimates = None, None
         if self.slots is not None:
             self.slots.cols[0, kernels.PLAN_LEN] = -1
 
@@ -136,3 +152,13 @@ class Request:
         if self.slots is not None:
             tokens = self.drafter.tokens
             kernels.settle_row(self.slots.state(), 0, tokens, tokens.shape[0])
+
+
+def on_path(draft: Draft, kept: list[int]) -> np.ndarray:
+    """(len(draft),) bool: which nodes lie on the path of the `kept` tokens (what a step kept of the draft). O(nodes)."""
+    on = np.zeros(len(draft), dtype=bool)
+    depth = [0] * len(draft)
+    for i, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.parents.tolist())):
+        depth[i] = d = depth[parent] + 1 if parent >= 0 else 1
+        on[i] = d <= len(kept) and token == kept[d - 1] and (parent < 0 or on[parent])
+    return on

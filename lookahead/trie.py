@@ -333,6 +333,42 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
 
 
 @njit(cache=True)
+def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, out_nodes, out_chances):
+    """Writes the `max_tree_nodes` non-root nodes the model likeliest writes the root path of, likeliest first,
+    to out_nodes, their chances to out_chances; returns how many.
+
+    A node's chance is its parent's times the chance that the model's next token after the parent
+    is this node's: keep_chance (lookup's, per token: engine.kernels.keep_chance) for the parent's
+    heaviest child, the others in proportion to their weight, and the children's together at most
+    1. So a chain's j-th token has keep_chance ** j, the chain rule's (sizing.rules.chain_size),
+    and a branch is priced by the weight its candidates carry. A child's chance is below its
+    parent's (keep_chance < 1), and ties go to the earlier-created node (a parent precedes its
+    children): every prefix of the result is closed under parent. O(count log count).
+    """
+    _, parent, weight, _, _, _, _ = trie
+    if count <= 1:
+        return 0
+    total = np.zeros(count, dtype=np.float64)  # (count,) per node, its children's summed weight
+    heaviest = np.zeros(count, dtype=np.float64)  # and its heaviest child's
+    for node in range(1, count):
+        u = parent[node]
+        total[u] += weight[node]
+        heaviest[u] = max(heaviest[u], weight[node])
+    chance = np.empty(count, dtype=np.float64)
+    chance[0] = 1.0
+    for node in range(1, count):  # parent[node] < node: parents first
+        u = parent[node]
+        share = weight[node] / total[u] if total[u] > 0.0 else 0.0
+        chance[node] = chance[u] * share * min(1.0, keep_chance * total[u] / heaviest[u]) if heaviest[u] > 0.0 else 0.0
+    order = np.argsort(-chance[1:], kind="mergesort")  # stable: equal chances keep creation order
+    taken = min(max_tree_nodes, count - 1)
+    for i in range(taken):
+        out_nodes[i] = order[i] + 1
+        out_chances[i] = chance[order[i] + 1]
+    return taken
+
+
+@njit(cache=True)
 def heaviest_path(trie, max_len, first_class, out_nodes):
     """Follows the heaviest child from the root (ties: the earliest created), a child created before
     `first_class` over any later one; writes its nodes. Returns the length."""
@@ -537,6 +573,17 @@ class DraftTrie:
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
 
+    def likeliest(self, max_tree_nodes: int, keep_chance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(token ids, parent indices, chances) of the max_tree_nodes nodes the model likeliest writes the root path
+        of, likeliest first (see the kernel likeliest_nodes): every prefix is a tree, parents before children, -1 the root."""
+        nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
+        chances = np.empty(nodes.shape[0], dtype=np.float64)
+        taken = likeliest_nodes(self._arrays, self._count, float(keep_chance), max_tree_nodes, nodes, chances)
+        nodes = nodes[:taken]
+        slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
+        slot[nodes] = np.arange(taken)
+        return self._token[nodes], slot[self._parent[nodes]], chances[:taken]
+
     def _reserve(self, capacity: int) -> None:
         if capacity <= self._token.shape[0]:
             return
@@ -568,4 +615,5 @@ def warm_up() -> int:
     trie.path(2)
     table = np.array([[1, 2], [2, -1], [0, 1]], dtype=np.int32)  # a prediction table's ids
     trie.add_predictions(table, 0, np.array([0.5, 0.25]), budget=3, max_depth=2, scale=2.0)
+    trie.likeliest(4, 0.5)
     return trie.tree(4)[0].shape[0]

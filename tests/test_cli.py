@@ -219,11 +219,15 @@ def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
     assert {r["source"] for r in rows} == {"lookup", "table", "blend"} and all(r["tau"] >= 1.0 for r in rows)
     assert main(["bench", "--blend", "--time-blend", "--model", str(stories), "--requests", "2", "--max-new-tokens", "12",
                  "--dtype", "float32,bfloat16", "--json"]) == 0
-    tpot = json.loads(capsys.readouterr().out)["tpot"]
-    assert [(r["dtype"], r["drafter"], r["source"]) for r in tpot] == [
-        (d, kept, m) for d in ("float32", "bfloat16") for kept in ("kept", "fresh") for m in ("greedy", "lookup (default drafter)", "blend (default drafter)")]
-    assert all(r["ms_per_token"] > 0 and r["over_greedy_min"] <= r["over_greedy_max"] for r in tpot)
-    assert all(r["tau"] >= 1.0 for r in tpot) and all(r["tau"] == 1.0 and r["over_greedy_max"] == 1.0 for r in tpot[::3])
+    report = json.loads(capsys.readouterr().out)
+    tpot = report["tpot"]
+    assert "tau" not in report  # timing only
+    assert [(r["dtype"], r["sampling"], r["drafter"], r["source"]) for r in tpot] == [
+        (d, s, kept, m) for d in ("float32", "bfloat16") for s in ("greedy", "sampled t=0.8") for kept in ("fresh", "kept")
+        for m in ("plain", "lookup (default drafter)", "blend (default drafter)")]
+    assert all(r["ms_per_token"] > 0 and r["over_plain_min"] <= r["over_plain_max"] for r in tpot)
+    assert all(r["tau"] >= 1.0 for r in tpot) and all(r["tau"] == 1.0 and r["over_plain_max"] == 1.0 for r in tpot[::3])
+    assert all(r["over_lookup_max"] == 1.0 for r in tpot[1::3])
 
 
 def test_forward_cost_sleeps_per_forward_on_one_thread_and_undoes_itself(capsys):

@@ -324,6 +324,10 @@ class TreeSpy(LookupDrafter):
         self.trees += 1
         return super().propose_tree(*args, **kwargs)
 
+    def likeliest_tree(self, *args, **kwargs):
+        self.trees += 1
+        return super().likeliest_tree(*args, **kwargs)
+
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from lookahead import LookupDrafter, PredictionTable
 from lookahead import predictions as predictions_module
 from lookahead import trie as trie_module
+from lookahead.drafter import CARRY
 from lookahead.trie import DraftTrie
 from tests.test_trie import node_weights
 
@@ -183,8 +184,11 @@ def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_st
     assert counts == [0, 2] + [0] * 7
     chances = drafter.rank_chances.chances()
     assert chances[1] > chances[0] * 0.5 and chances.sum() < 1.0
-    drafter.reset([3])
-    assert not drafter.rank_chances.counts.any()  # learnt per request; the table itself is kept
+    drafter.lead_chances.drafted(2, 3)
+    drafter.lead_chances.written(3)
+    drafter.reset([3])  # a new request: the counts carried at a share, the table itself kept
+    assert drafter.rank_chances.counts.tolist() == [0, 2 * CARRY] + [0] * 7
+    assert drafter.lead_chances.hits[2] == CARRY and drafter.lead_chances.seen[2] == CARRY and drafter.lead_chances.pending is None
     assert drafter.predictions.row(5).tolist()[:2] == [6, 7]
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from lookahead import LookupDrafter, TokenStore
 from lookahead.engine import kernels
-from lookahead.request import Request
+from lookahead.draft import Draft
+from lookahead.request import Request, on_path
 from lookahead.sizing.cost import CostCurve, LineCost
 from tests.reference import KeepRate
 
@@ -57,6 +58,27 @@ def test_a_trimmed_draft_teaches_only_the_tokens_checked():
     # 3 counted as verified; 4, unverified, counted as the output shows it (after the fade); 5 still watched
     assert request.slots.keep[0].sum(axis=0).tolist() == [0.9 * 1 + 1, 0]
     assert request.slots.watch[0, 0, 0] == 1
+
+
+def test_a_sized_tree_step_verifies_the_likeliest_nodes_that_pay_and_learns_what_they_were_worth():
+    request = Request(LookupDrafter(predictions=False), sized=True)
+    request.start([1, 2, 3, 1, 2, 4, 1, 2])  # after [1, 2]: 3 or 4, each continued
+    plan = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0))  # verifying nearly free: every node
+    roots = plan.draft.token_ids[plan.draft.parents == -1].tolist()
+    assert roots == [3, 4] and len(plan.draft) == len(request.estimates) >= 4 and (np.diff(request.estimates) <= 0).all()
+    assert len(request.commit_tree(request.propose(8, hedged=True), LineCost(0.1)).draft) == 0  # every token dear: a plain step
+    plan = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0))
+    before = request.drafter.tree_chances.nodes.sum()
+    request.verified([4, 1, 7], accepted=2)  # the model kept 4, 1 and wrote 7
+    assert request.drafter.tree_chances.nodes.sum() == before + len(plan.draft) and request.estimates is None
+    assert request.stats.accepted == 2
+
+
+def test_on_path_marks_the_nodes_a_step_kept():
+    tree = Draft(np.array([3, 4, 5, 6, 5]), np.array([-1, -1, 0, 1, 1]))  # 3 -> 5, 4 -> 6, 4 -> 5
+    assert on_path(tree, [4, 5]).tolist() == [False, True, False, False, True]
+    assert on_path(tree, []).tolist() == [False] * 5
+    assert on_path(tree, [3]).tolist() == [True, False, False, False, False]
 
 
 def test_unsized_requests_verify_whole_drafts():

@@ -14,7 +14,8 @@ from lookahead.integrations.calibration import step_costs, tree_over_chain_16
 from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, StepCosts, cost_curve
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
-from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes
+from lookahead.predictions import TreeChances
+from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes, tree_size
 from tests.models import SHARED, tiny_model
 from tests.reference import KeepRate as MirrorKeepRate
 
@@ -133,6 +134,30 @@ def test_tree_nodes_cost_no_more_than_the_chain_would():
     assert tree_nodes(3, 64, CostCurve(plateau)) == 7
     assert tree_nodes(12, 64, CostCurve(plateau)) == 12
     assert tree_nodes(0, 64, CostCurve(steep)) == 0
+
+
+def test_tree_size_is_the_first_best_count_of_likeliest_nodes():
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        curve = CostCurve(np.concatenate([[1.0], np.maximum.accumulate(1 + rng.uniform(0, 0.3, 65).round(1))]))
+        chances = np.sort(rng.uniform(0, 1, int(rng.integers(0, 65))) ** 3)[::-1]
+        worth = (1 + np.concatenate([[0.0], np.cumsum(chances)])) / curve.cost(1, np.arange(1, chances.shape[0] + 2))
+        assert tree_size(chances, curve) == int(np.argmax(worth))
+    chances = np.array([0.6, 0.3, 0.05, 0.01])
+    assert tree_size(chances, CostCurve(np.ones(66))) == 4  # verifying free: every node that may be written
+    assert tree_size(chances, LineCost(200.0)) == 4  # a GPU at one row (20 ms a step, 0.1 ms a token)
+    assert tree_size(chances, LineCost(5.0)) == 2  # a CPU: the likely ones
+    assert tree_size(chances, LineCost(0.5)) == 0  # every token dear: a plain step
+
+
+def test_tree_chances_learn_what_each_band_of_estimates_keeps():
+    chances = TreeChances()
+    estimates = np.array([0.002, 0.05, 0.5])
+    assert chances.chances(estimates).tolist() == pytest.approx([0.002 + TreeChances.PRIOR_ERROR[0], 0.05, 0.5])  # the prior's guess
+    for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated
+        chances.observe(np.array([0.002] * 20 + [0.5]), np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1)]))
+    assert chances.chances(estimates).tolist() == pytest.approx([0.05, 0.05, 0.25], abs=0.02)
+    assert chances.chances(np.array([0.001, 0.99])).min() >= 0.0 and chances.chances(np.array([0.99])).max() <= 1.0
 
 
 def test_calibration_is_relative_to_one_token_and_cached():
@@ -448,6 +473,12 @@ def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
     assert cheap.trees() is True and dear.trees() is False
     assert cheap.tree_ratio() == pytest.approx(1.02)
     assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
+    before = cheap.curve.seconds_at(48)
+    for _ in range(5):  # decided for trees: tree steps teach the curve their width, at their seconds over the ratio
+        cheap.observe(1, 48, 1.02 * 2 * before, tree=True)
+    assert cheap.curve.seen[48] and cheap.curve.seconds[48] == pytest.approx(2 * before)
+    dear.observe(1, 48, 1.3 * 2 * before, tree=True)  # decided against trees: its tree steps teach nothing
+    assert not dear.curve.seen[48] and dear.curve.seconds_at(48) == pytest.approx(before)
 
 
 def test_costs_persist_across_calls_per_model_and_a_calibration_reseeds_them(monkeypatch):

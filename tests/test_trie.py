@@ -68,6 +68,45 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
     assert trie.path_shares(trie.path_nodes(depth)).tolist() == pytest.approx(shares)
 
 
+def likeliest_reference(expected: dict, keep_chance: float) -> dict:
+    """{path: chance} of every node: its parent's chance times keep_chance for the heaviest of its siblings, the
+    others in proportion to their weight, the siblings together at most 1."""
+    chance = {(): 1.0}
+    for path in sorted(expected, key=len):
+        siblings = [w for p, w in expected.items() if len(p) == len(path) and p[:-1] == path[:-1]]
+        total, heaviest = sum(siblings), max(siblings)
+        chance[path] = chance[path[:-1]] * expected[path] / total * min(1.0, keep_chance * total / heaviest)
+    del chance[()]
+    return chance
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates=candidate_lists, depth=st.integers(1, 6), max_tree_nodes=st.integers(1, 40), keep_chance=st.sampled_from([0.3, 0.7, 0.99]))
+def test_likeliest_nodes_come_likeliest_first_and_every_prefix_is_a_tree(candidates, depth, max_tree_nodes, keep_chance):
+    trie = DraftTrie()
+    for tokens, weight in candidates:
+        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), depth)
+    expected = likeliest_reference(node_weights(trie), keep_chance)
+    ids, parents, chances = trie.likeliest(max_tree_nodes, keep_chance)
+    assert ids.shape[0] == chances.shape[0] == min(max_tree_nodes, len(expected))
+    assert all(p < i for i, p in enumerate(parents.tolist()))  # parents first: every prefix is closed under parent
+    paths = []
+    for token, parent in zip(ids.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    assert chances.tolist() == pytest.approx([expected[p] for p in paths])
+    assert (np.diff(chances) <= 0).all()  # likeliest first
+    assert sorted(chances.tolist(), reverse=True) == pytest.approx(sorted(expected.values(), reverse=True)[: len(paths)])
+
+
+def test_a_chains_likeliest_nodes_have_the_chain_rules_chances():
+    trie = DraftTrie()
+    trie.add(np.array([5, 6, 7], dtype=np.int64), np.array([0]), np.array([1.0]), 3)
+    assert trie.likeliest(8, 0.5)[2].tolist() == pytest.approx([0.5, 0.25, 0.125])  # keep_chance ** j
+    trie.add(np.array([9], dtype=np.int64), np.array([0]), np.array([1.0]), 1)  # an equal sibling: the two share the parent's whole chance
+    ids, _, chances = trie.likeliest(8, 0.9)
+    assert ids.tolist()[:2] == [5, 9] and chances.tolist()[:2] == pytest.approx([0.5, 0.5])
+
+
 @settings(max_examples=200, deadline=None)
 @given(candidates=candidate_lists, later=candidate_lists, max_tree_nodes=st.integers(1, 40), depth_decay=st.sampled_from([1.0, 0.9, 0.5]))
 def test_first_class_nodes_rank_before_later_ones(candidates, later, max_tree_nodes, depth_decay):

@@ -6,8 +6,9 @@ or --prompts), greedy and sampled at temperature 0.8, with one drafter kept acro
 requests (memory and table kept) and a fresh drafter per request; for each: lookup alone
 (`predictions=False`), the table alone (`drafter.lookup = False`) and the blend (the default),
 chains and trees. Greedy outputs are checked equal across the sources (each must equal plain
-greedy, which tests/ check). `--time-blend` adds wall-clock milliseconds per new token of the
-default drafter (sized, tree=None) with and without the table, greedy, per --dtype.
+greedy, which tests/ check). `--time-blend` instead times the default drafter (sized, tree=None)
+with and without the table against plain generate, greedy and sampled, fresh and kept drafters,
+per --dtype: wall-clock milliseconds per new token (`--forward-cost`: at a bigger model's cost curve).
 """
 
 import contextlib
@@ -124,17 +125,19 @@ def forward_cost(model, fixed_ms: float, per_token_ms: float):
         torch.set_num_threads(threads)
 
 
-def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True) -> list[dict]:
-    """ms per new token of plain greedy and of the default drafter (sized, tree=None) with lookup alone and
-    with the blend, greedy: the methods take turns on every request, each request's fastest of
-    `repeats` runs counts. `kept`: one drafter per source for all the requests of a repeat (memory
-    and table kept across them), else a fresh one per request; new drafters each repeat (a repeat
-    must not draft from the last one's outputs). Also the min-max over the repeats of each
-    method's summed time over plain greedy's (below 1: faster than greedy)."""
-    names = {"greedy": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}
-    model.generate(prompts[0][:, :8], max_new_tokens=8, do_sample=False)  # warm: torch's first shapes
+def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True, sample: bool = False) -> list[dict]:
+    """ms per new token of plain generate and of the default drafter (sized, tree=None) with lookup alone and
+    with the blend, greedy or sampled at TEMPERATURE (each request's seed the same for every method): the
+    methods take turns on every request, each request's fastest of `repeats` runs counts. `kept`: one
+    drafter per source for all the requests of a repeat (memory, table and learnt chances kept across
+    them), else a fresh one per request; new drafters each repeat (a repeat must not draft from the last
+    one's outputs). Also, per method, the min-max over the repeats of its summed time over plain's and
+    over lookup's (below 1: faster)."""
+    names = {"plain": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}
+    options = dict(do_sample=True, temperature=TEMPERATURE, top_k=0) if sample else dict(do_sample=False)
+    model.generate(prompts[0][:, :8], max_new_tokens=8, **options)  # warm: torch's first shapes
     for source in ("lookup", "blend"):  # the kernels, the costs' first steps
-        lookahead.generate(model, prompts[0][:, :8], drafter=drafter_for(source), max_new_tokens=8)
+        lookahead.generate(model, prompts[0][:, :8], drafter=drafter_for(source), max_new_tokens=8, **options)
     seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
     produced = [0] * len(prompts)
     counts = {name: [0, 0] for name in names}  # tokens, steps of the drafted methods
@@ -145,11 +148,12 @@ def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: boo
                 drafter = None
                 if source is not None:
                     drafter = drafters[name] if kept else drafter_for(source)
+                torch.manual_seed(i)
                 start = time.perf_counter()
                 if drafter is None:
-                    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+                    out = model.generate(ids, max_new_tokens=max_new_tokens, **options)
                 else:
-                    out = lookahead.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, do_sample=False)
+                    out = lookahead.generate(model, ids, drafter=drafter, max_new_tokens=max_new_tokens, **options)
                 seconds[name][k][i] = time.perf_counter() - start
                 produced[i] = out.shape[1] - ids.shape[1]
                 if drafter is not None:
@@ -158,10 +162,13 @@ def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: boo
     rows = []
     for name in names:
         best = [min(seconds[name][k][i] for k in range(repeats)) for i in range(len(prompts))]
-        over = [sum(seconds[name][k]) / sum(seconds["greedy"][k]) for k in range(repeats)]
+        over = {base: [sum(seconds[name][k]) / sum(seconds[base][k]) for k in range(repeats)] for base in ("plain", "lookup (default drafter)")}
         tokens, steps = counts[name]
-        rows.append(dict(source=name, drafter="kept" if kept else "fresh", ms_per_token=round(1e3 * sum(best) / sum(produced), 3),
-                         tau=round(tokens / steps, 3) if steps else 1.0, over_greedy_min=round(min(over), 3), over_greedy_max=round(max(over), 3)))
+        rows.append(dict(sampling=f"sampled t={TEMPERATURE}" if sample else "greedy", drafter="kept" if kept else "fresh", source=name,
+                         ms_per_token=round(1e3 * sum(best) / sum(produced), 3), tau=round(tokens / steps, 3) if steps else 1.0,
+                         over_plain_min=round(min(over["plain"]), 3), over_plain_max=round(max(over["plain"]), 3),
+                         over_lookup_min=round(min(over["lookup (default drafter)"]), 3),
+                         over_lookup_max=round(max(over["lookup (default drafter)"]), 3)))
     return rows
 
 
@@ -177,17 +184,27 @@ def run_blend_bench(args) -> int:
     report = dict(model=args.model, requests=len(prompts), max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d %H:%M"))
     dtypes = parse_dtypes(args.dtype or "float32", device="cpu", traces=False)
     model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).eval()
-    report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens,
-                                 progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     if args.time_blend:
+        report["forward_cost"] = args.forward_cost
         report["tpot"] = []
         for dtype in dtypes:
             model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).eval()
             cost = forward_cost(model, *args.forward_cost) if args.forward_cost else contextlib.nullcontext()
             with cost:
-                for kept in (True, False):
-                    for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept):
-                        report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
+                for sample in (False, True):
+                    for kept in (False, True):
+                        for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept,
+                                                sample=sample):
+                            report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
+                            print(json.dumps(report["tpot"][-1]), file=sys.stderr, flush=True)
+        if not json_report(args, report):
+            print(format_table(["dtype", "sampling", "drafter", "method", "ms/token", "tau", "time over plain's", "time over lookup's"],
+                               [[r["dtype"], r["sampling"], r["drafter"], r["source"], r["ms_per_token"], r["tau"],
+                                 f"{r['over_plain_min']:.2f}-{r['over_plain_max']:.2f}", f"{r['over_lookup_min']:.2f}-{r['over_lookup_max']:.2f}"]
+                                for r in report["tpot"]]))
+        return 0
+    report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens,
+                                 progress=lambda row: print(json.dumps(row), file=sys.stderr, flush=True))
     if json_report(args, report):
         return 0
     taus = {(r["sampling"], r["drafter"], r["draft"], r["source"]): r["tau"] for r in report["tau"]}
@@ -196,9 +213,4 @@ def run_blend_bench(args) -> int:
         lookup, table, blend = (taus[(sampling, drafter, draft, s)] for s in SOURCES)
         lines.append([sampling, drafter, draft, f"{lookup:.2f}", f"{table:.2f}", f"{blend:.2f}", f"{blend / lookup:.2f}x"])
     print(format_table(["sampling", "drafter", "draft", "lookup", "table", "blend", "blend / lookup"], lines))
-    if "tpot" in report:
-        print()
-        print(format_table(["dtype", "drafter", "method", "ms/token", "time over greedy's (min-max of repeats)", "tau"],
-                           [[r["dtype"], r["drafter"], r["source"], r["ms_per_token"], f"{r['over_greedy_min']:.2f}-{r['over_greedy_max']:.2f}", r["tau"]]
-                            for r in report["tpot"]]))
     return 0

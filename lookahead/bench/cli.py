@@ -112,7 +112,9 @@ def add_bench_arguments(parser) -> None:
                         help="with --model: write a trace to this file (JSON lines, see lookahead/bench/replay.py) of the model's "
                              "greedy outputs with its top-8 ids at every position, for `lookahead replay` (built-in story "
                              "openings or --prompts; --requests, --max-new-tokens)")
-    parser.add_argument("--time-blend", action="store_true", help="with --blend: also ms per new token of the default drafter with and without predictions")
+    parser.add_argument("--time-blend", action="store_true",
+                        help="with --blend: instead of tokens per step, ms per new token of plain generate and of the default "
+                             "drafter with and without predictions, greedy and sampled, fresh and kept drafters (--repeats, the methods taking turns)")
     parser.add_argument("--forward-cost", type=_forward_cost, default=None, metavar="MS,MS_PER_TOKEN",
                         help="with --time-blend: every forward also sleeps MS + MS_PER_TOKEN * its tokens (a bigger model's "
                              "cost curve beside the real model's predictions), torch on one thread; e.g. 20,0.1 (a GPU's) or 20,4 (a CPU's)")

@@ -260,6 +260,8 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
     if first and len(active) > 1:
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
+    if tree and len(active) == 1:  # one row: the likeliest nodes, as many as pay
+        return [active[0].request.commit_tree(chains[0], cost, options.max_tree_nodes)]
     chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
     rates = [row.request.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)

@@ -331,7 +331,9 @@ class LoopCosts:
     Trees: a one-row tree step's seconds over the curve's price of a chain step of its width,
     from TREE_SAMPLES such steps after the first (the loop takes them while `trees()` is None: a tree costs what
     its chain does under the curve, so trying one risks little); a calibration's ratio
-    (tree_over_chain) decides at once.
+    (tree_over_chain) decides at once. Decided for trees, the loop steps only trees: each teaches
+    the curve its width's price as its seconds over the ratio, so wide blocks are priced by the
+    steps that take them, not by the prior alone.
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
@@ -379,6 +381,8 @@ class LoopCosts:
                 self.line.observe(rows, width, seconds)
         elif not tree:
             self.curve.observe(rows, width, seconds)
+        elif self.trees():  # decided for trees: a tree step prices a chain of its width at its seconds over the ratio
+            self.curve.observe(rows, width, seconds / self.tree_ratio())
         elif self.curve.calibrated is not None and self.trees() is None:
             if self.tree_warm:
                 self.tree_ratios.append(seconds / self.curve.seconds_at(width))

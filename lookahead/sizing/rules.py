@@ -6,7 +6,8 @@ One row (`chain_size`): with a per-token keep chance a, a chain cut to n tokens 
     n*   = argmax_n E(n) / cost(1, n + 1)                     (n = 0: a plain step)
 
 so where drafts keep failing, and wide blocks are dear, it stops drafting. A tree gets as
-many nodes as cost no more to verify than that chain (`tree_nodes`). Many rows: a static
+many nodes as cost no more to verify than that chain (`tree_nodes`), or, one row with each node's
+chance known, as many as pay (`tree_size`). Many rows: a static
 batch, which runs until its last row ends (`static_batch_draft_sizes`; for one row it is
 `chain_size`), and a served batch, whose finished rows are replaced at once (`batch_draft_sizes`).
 """
@@ -25,6 +26,22 @@ def chain_size(keep_chance: float, available: int, cost) -> int:
     best, best_worth = 0, 0.0
     for n in range(available + 1):
         worth = (1 - a ** (n + 1)) / (1 - a) / costs[n + 1]
+        if worth > best_worth:
+            best, best_worth = n, worth
+    return best
+
+
+def tree_size(chances, cost) -> int:
+    """How many nodes of a tree a one-row step verifies: argmax_N (1 + sum(chances[:N])) / cost(1, N + 1), the first of
+    equals, `chances` each node's chance that the model writes its path, likeliest first (DraftTrie.likeliest): the
+    chain rule (chain_size) for a tree, whose N likeliest nodes are the tree of most expected tokens at N.
+    Where verifying is nearly free (a GPU at one row) that is every node the model may write; where every
+    token costs, the few it likely does. Plain Python, as chain_size."""
+    costs = cost.one_row(len(chances) + 1)
+    best, best_worth, expected = 0, 1.0 / costs[1], 1.0
+    for n, chance in enumerate(chances.tolist() if hasattr(chances, "tolist") else chances, start=1):
+        expected += chance
+        worth = expected / costs[n + 1]
         if worth > best_worth:
             best, best_worth = n, worth
     return best
