@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lookahead import LookupDrafter
+from lookahead.bench.blend import timed_methods
 from lookahead.bench.cli import main
 from lookahead.bench.replay import load_trace, replay_hf, replay_lookahead, replay_recorded
 from tests.models import SHARED
@@ -228,6 +229,12 @@ def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
     assert all(r["ms_per_token"] > 0 and r["over_plain_min"] <= r["over_plain_max"] for r in tpot)
     assert all(r["tau"] >= 1.0 for r in tpot) and all(r["tau"] == 1.0 and r["over_plain_max"] == 1.0 for r in tpot[::3])
     assert all(r["over_lookup_max"] == 1.0 for r in tpot[1::3])
+    assert main(["bench", "--blend", "--time-blend", "--model", str(stories), "--requests", "1", "--max-new-tokens", "8",
+                 "--methods", "blend", "--json"]) == 0  # lookup, the baseline, always among them
+    tpot = json.loads(capsys.readouterr().out)["tpot"]
+    assert {r["source"] for r in tpot} == {"lookup (default drafter)", "blend (default drafter)"} and "over_plain_min" not in tpot[0]
+    with pytest.raises(ValueError, match="plain, lookup and blend"):
+        timed_methods("greedy")
 
 
 def test_forward_cost_sleeps_per_forward_on_one_thread_and_undoes_itself(capsys):

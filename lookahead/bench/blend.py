@@ -125,15 +125,30 @@ def forward_cost(model, fixed_ms: float, per_token_ms: float):
         torch.set_num_threads(threads)
 
 
-def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True, sample: bool = False) -> list[dict]:
+TIMED = {"plain": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}  # --time-blend's methods: name -> source
+
+
+def timed_methods(spec: str | None) -> dict:
+    """--time-blend's methods from a comma list of TIMED's names or sources (plain, lookup, blend); lookup always among them."""
+    if spec is None:
+        return dict(TIMED)
+    asked = {part.strip() for part in spec.split(",") if part.strip()}
+    unknown = asked - set(TIMED) - {"plain", *filter(None, TIMED.values())}
+    if unknown:
+        raise ValueError(f"--time-blend's methods are plain, lookup and blend, got {', '.join(sorted(unknown))}")
+    return {name: source for name, source in TIMED.items() if source == "lookup" or name in asked or (source or "plain") in asked}
+
+
+def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True, sample: bool = False,
+                 names: dict | None = None) -> list[dict]:
     """ms per new token of plain generate and of the default drafter (sized, tree=None) with lookup alone and
     with the blend, greedy or sampled at TEMPERATURE (each request's seed the same for every method): the
     methods take turns on every request, each request's fastest of `repeats` runs counts. `kept`: one
     drafter per source for all the requests of a repeat (memory, table and learnt chances kept across
     them), else a fresh one per request; new drafters each repeat (a repeat must not draft from the last
-    one's outputs). Also, per method, the min-max over the repeats of its summed time over plain's and
-    over lookup's (below 1: faster)."""
-    names = {"plain": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}
+    one's outputs). Also, per method, the min-max over the repeats of its summed time over plain's (where
+    `names`, a subset of TIMED, holds it) and over lookup's (below 1: faster)."""
+    names = dict(TIMED) if names is None else names
     options = dict(do_sample=True, temperature=TEMPERATURE, top_k=0) if sample else dict(do_sample=False)
     model.generate(prompts[0][:, :8], max_new_tokens=8, **options)  # warm: torch's first shapes
     for source in ("lookup", "blend"):  # the kernels, the costs' first steps
@@ -162,13 +177,14 @@ def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: boo
     rows = []
     for name in names:
         best = [min(seconds[name][k][i] for k in range(repeats)) for i in range(len(prompts))]
-        over = {base: [sum(seconds[name][k]) / sum(seconds[base][k]) for k in range(repeats)] for base in ("plain", "lookup (default drafter)")}
         tokens, steps = counts[name]
-        rows.append(dict(sampling=f"sampled t={TEMPERATURE}" if sample else "greedy", drafter="kept" if kept else "fresh", source=name,
-                         ms_per_token=round(1e3 * sum(best) / sum(produced), 3), tau=round(tokens / steps, 3) if steps else 1.0,
-                         over_plain_min=round(min(over["plain"]), 3), over_plain_max=round(max(over["plain"]), 3),
-                         over_lookup_min=round(min(over["lookup (default drafter)"]), 3),
-                         over_lookup_max=round(max(over["lookup (default drafter)"]), 3)))
+        row = dict(sampling=f"sampled t={TEMPERATURE}" if sample else "greedy", drafter="kept" if kept else "fresh", source=name,
+                   ms_per_token=round(1e3 * sum(best) / sum(produced), 3), tau=round(tokens / steps, 3) if steps else 1.0)
+        for base, key in (("plain", "over_plain"), ("lookup (default drafter)", "over_lookup")):
+            if base in names:
+                over = [sum(seconds[name][k]) / sum(seconds[base][k]) for k in range(repeats)]
+                row[f"{key}_min"], row[f"{key}_max"] = round(min(over), 3), round(max(over), 3)
+        rows.append(row)
     return rows
 
 
@@ -185,6 +201,7 @@ def run_blend_bench(args) -> int:
     dtypes = parse_dtypes(args.dtype or "float32", device="cpu", traces=False)
     model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).eval()
     if args.time_blend:
+        names = timed_methods(args.methods)
         report["forward_cost"] = args.forward_cost
         report["tpot"] = []
         for dtype in dtypes:
@@ -194,13 +211,14 @@ def run_blend_bench(args) -> int:
                 for sample in (False, True):
                     for kept in (False, True):
                         for row in measure_tpot(model, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats, kept=kept,
-                                                sample=sample):
+                                                sample=sample, names=names):
                             report["tpot"].append(dict(dtype=str(dtype).removeprefix("torch."), **row))
                             print(json.dumps(report["tpot"][-1]), file=sys.stderr, flush=True)
         if not json_report(args, report):
             print(format_table(["dtype", "sampling", "drafter", "method", "ms/token", "tau", "time over plain's", "time over lookup's"],
                                [[r["dtype"], r["sampling"], r["drafter"], r["source"], r["ms_per_token"], r["tau"],
-                                 f"{r['over_plain_min']:.2f}-{r['over_plain_max']:.2f}", f"{r['over_lookup_min']:.2f}-{r['over_lookup_max']:.2f}"]
+                                 f"{r['over_plain_min']:.2f}-{r['over_plain_max']:.2f}" if "over_plain_min" in r else "-",
+                                 f"{r['over_lookup_min']:.2f}-{r['over_lookup_max']:.2f}"]
                                 for r in report["tpot"]]))
         return 0
     report["tau"] = measure_taus(model, prompts, max_new_tokens=args.max_new_tokens,
