@@ -140,8 +140,8 @@ class DraftSource(Protocol):
     `LookupDrafter` answers it whatever it drafts from: lookup alone (`predictions=False`),
     the model's prediction table alone (`lookup = False`) or their blend (the default).
     One request at a time: `reset(prompt_ids)` starts one; each step `propose` (a chain),
-    `propose_tree`, or `propose(hedged=True)` then `grow_tree` (a tree from the same
-    candidates); then `extend` with the tokens the model wrote and `record_predictions` with
+    `propose_tree`, or `propose(hedged=True)` then `likeliest_tree` or `grow_tree` (a tree from
+    the same candidates); then `extend` with the tokens the model wrote and `record_predictions` with
     its top-k after each block entry; `finish()` ends it. Drafts never hold a rejected token.
 
     Example:

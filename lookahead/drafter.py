@@ -182,6 +182,7 @@ class LookupDrafter:
         self.rank_chances = RankChances(predictions.k) if predictions is not None else None  # learnt, carried across requests (reset)
         self.lead_chances = LeadChances(max_ngram)  # learnt, carried across requests (reset)
         self.tree_chances = TreeChances()  # learnt across requests (likeliest_tree)
+        self._read_table = predictions is not None  # the last draft read the table: extend counts ranks (until a plain chain)
         self._trie = DraftTrie()  # rebuilt by every propose
         self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
         self._tree_match_len: int | None = None  # the trie holds a tree's candidates (grow_tree), anchored this long
@@ -328,17 +329,18 @@ class LookupDrafter:
     def extend(self, token_ids) -> None:
         """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's).
 
-        With predictions, each token counts at the rank the table's row for the token before it
-        held it (before the step that wrote them records its own predictions: record_predictions).
+        With predictions, after a draft that read the table, each token counts at the rank the table's
+        row for the token before it held it (before the step that wrote them records its own
+        predictions: record_predictions); after a plain chain, which reads none, nothing is counted.
         """
         self._check_thread()
         self._tree_match_len = None
         start = len(self.index)
         self.index.extend(token_ids)
-        if self.predictions is not None and start:
+        if self._read_table and start:
             self.rank_chances.observe(self.predictions, self.index.tokens, start)
-            if len(self.index) > start:
-                self.lead_chances.written(int(self.index.tokens[start]))
+        if self.lead_chances.pending is not None and len(self.index) > start:  # a tree's lookup first token, drafted
+            self.lead_chances.written(int(self.index.tokens[start]))
 
     def reads_predictions(self, *, tree: bool) -> bool:
         """Whether drafts of this kind (trees, or plain chains) read the prediction table: a loop that
@@ -490,15 +492,15 @@ class LookupDrafter:
                         match_len = max(match_len, store_len)
         looked_up = max(match_len, substituted) if len(trie) else 0
         self._lookup_nodes = len(trie) + 1
-        if self.predictions is not None and len(self.index):
+        self._read_table = self.predictions is not None and predicted > 0 and len(self.index) > 0
+        if self._read_table:  # (a plain chain takes none of the table, PREDICTION_CHAIN_NODES: nor pays for its scale)
             scale = PREDICTION_SCALE
             if len(trie):  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
                 token, w = trie.heaviest_first()
                 scale *= w / self.lead_chances.chance(looked_up)
                 self.lead_chances.drafted(looked_up, token)
-            if predicted:  # (a plain chain takes none: PREDICTION_CHAIN_NODES)
-                trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(),
-                                     budget=predicted, max_depth=num_draft_tokens, scale=scale)
+            trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(),
+                                 budget=predicted, max_depth=num_draft_tokens, scale=scale)
         return looked_up
 
     def _limit(self, num_draft_tokens: int | None) -> int:

@@ -234,8 +234,8 @@ class TreeChances:
     def observe(self, estimates: np.ndarray, kept: np.ndarray) -> None:
         """Verified nodes' estimates and whether the model wrote each one's path (bool)."""
         band = np.searchsorted(self.BANDS, estimates, side="right")
-        np.add.at(self.nodes, band, 1.0)
-        np.add.at(self.error, band, kept - estimates)
+        self.nodes += np.bincount(band, minlength=self.nodes.shape[0])
+        self.error += np.bincount(band, weights=kept - estimates, minlength=self.error.shape[0])
 
 
 def warm_up() -> int:

@@ -155,10 +155,7 @@ class Request:
 
 
 def on_path(draft: Draft, kept: list[int]) -> np.ndarray:
-    """(len(draft),) bool: which nodes lie on the path of the `kept` tokens (what a step kept of the draft). O(nodes)."""
-    on = np.zeros(len(draft), dtype=bool)
-    depth = [0] * len(draft)
-    for i, (token, parent) in enumerate(zip(draft.token_ids.tolist(), draft.parents.tolist())):
-        depth[i] = d = depth[parent] + 1 if parent >= 0 else 1
-        on[i] = d <= len(kept) and token == kept[d - 1] and (parent < 0 or on[parent])
-    return on
+    """(len(draft),) bool: which nodes lie on the path of the `kept` tokens (what a step kept of the draft)."""
+    depth = np.empty(len(draft), dtype=np.int64)
+    kernels.tree_kept(draft.parents, draft.token_ids, np.asarray(kept, dtype=np.int64), depth)
+    return depth > 0

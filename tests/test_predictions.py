@@ -192,6 +192,16 @@ def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_st
     assert drafter.predictions.row(5).tolist()[:2] == [6, 7]
 
 
+def test_ranks_are_counted_after_drafts_that_read_the_table_and_not_after_plain_chains():
+    drafter = learnt_drafter()
+    drafter.propose(4)  # a plain chain reads no table (PREDICTION_CHAIN_NODES): nor is what follows it counted
+    drafter.extend([5, 7])
+    assert not drafter.rank_chances.counts.any() and drafter.lead_chances.pending is None
+    drafter.propose(4, hedged=True)  # a tree step's chain reads it
+    drafter.extend([9])  # 7 -> 9: rank 0
+    assert drafter.rank_chances.counts.tolist() == [1] + [0] * 8
+
+
 def test_siblings_share_the_table_and_a_table_can_be_shared():
     table = PredictionTable()
     parent = LookupDrafter(predictions=table)

@@ -196,16 +196,18 @@ def run_blend_bench(args) -> int:
         texts = [line for line in args.prompts.read_text().splitlines() if line.strip()][: args.requests]
     else:
         texts = STORY_OPENINGS[: args.requests]
-    prompts = prompt_ids(tokenizer, texts)
-    report = dict(model=args.model, requests=len(prompts), max_new_tokens=args.max_new_tokens, date=time.strftime("%Y-%m-%d %H:%M"))
-    dtypes = parse_dtypes(args.dtype or "float32", device="cpu", traces=False)
-    model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).eval()
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the timing on a GPU runs at the device's own step costs
+    prompts = [ids.to(device) for ids in prompt_ids(tokenizer, texts)]
+    report = dict(model=args.model, device=device, requests=len(prompts), max_new_tokens=args.max_new_tokens,
+                  date=time.strftime("%Y-%m-%d %H:%M"))
+    dtypes = parse_dtypes(args.dtype or "float32", device=device, traces=False)
+    model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtypes[0]).to(device).eval()
     if args.time_blend:
         names = timed_methods(args.methods)
         report["forward_cost"] = args.forward_cost
         report["tpot"] = []
         for dtype in dtypes:
-            model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).eval()
+            model = load_model(transformers.AutoModelForCausalLM, args.model, dtype=dtype).to(device).eval()
             cost = forward_cost(model, *args.forward_cost) if args.forward_cost else contextlib.nullcontext()
             with cost:
                 for sample in (False, True):

@@ -193,6 +193,16 @@ def plan_row(slots, s, ids, length, size, match, position):
 
 
 @njit(cache=True)
+def tree_kept(parents, token_ids, kept, out):
+    """out[i]: node i's depth where it lies on the path of the `kept` tokens (what a step kept of a tree whose
+    parents[i] < i, -1 the root: its root path equals kept[:depth]), else 0. O(nodes)."""
+    for i in range(parents.shape[0]):
+        p = parents[i]
+        d = 1 if p < 0 else out[p] + 1 if out[p] > 0 else 0
+        out[i] = d if 0 < d <= kept.shape[0] and token_ids[i] == kept[d - 1] else 0
+
+
+@njit(cache=True)
 def _learn(rows, slots, index, out):
     # advance's first pass: each row's pending plan resolved, its watched rests settled, its new tokens copied
     rows_slot, num_tokens, num_sampled, verified, _, _, token_ids = rows

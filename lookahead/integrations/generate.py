@@ -101,8 +101,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         input_ids: (batch, prompt_len) token ids; a batch left-padded, with its attention_mask
             (kwargs), as transformers pads for generation.
         drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
-            whether drafts are cut to what verifying them pays (lookahead.sizing), and trees
-            to the nodes that cost no more than that chain.
+            whether drafts are cut to what verifying them pays (lookahead.sizing): a chain to
+            its tokens that pay, a one-row tree to its likeliest nodes that do.
         assistant: the same, under the name transformers' custom_generate convention uses.
         tree: draft trees, or chains (default: where the family supports trees, unsized
             drafts are trees, and sized ones are where our tree steps cost no more than chain

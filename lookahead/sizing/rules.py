@@ -5,11 +5,12 @@ One row (`chain_size`): with a per-token keep chance a, a chain cut to n tokens 
     E(n) = sum_{k=0..n} a^k = (1 - a^(n+1)) / (1 - a)        expected tokens, the model's own included
     n*   = argmax_n E(n) / cost(1, n + 1)                     (n = 0: a plain step)
 
-so where drafts keep failing, and wide blocks are dear, it stops drafting. A tree gets as
-many nodes as cost no more to verify than that chain (`tree_nodes`), or, one row with each node's
-chance known, as many as pay (`tree_size`). Many rows: a static
-batch, which runs until its last row ends (`static_batch_draft_sizes`; for one row it is
-`chain_size`), and a served batch, whose finished rows are replaced at once (`batch_draft_sizes`).
+so where drafts keep failing, and wide blocks are dear, it stops drafting. A one-row tree, its
+nodes likeliest first each with its chance, verifies as many as pay (`tree_size`, the same rule);
+a batch's tree as many nodes as cost no more to verify than its widest chain (`tree_nodes`).
+Many rows: a static batch, which runs until its last row ends (`static_batch_draft_sizes`; for
+one row it is `chain_size`), and a served batch, whose finished rows are replaced at once
+(`batch_draft_sizes`).
 """
 
 import numpy as np
