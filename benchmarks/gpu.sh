@@ -2,6 +2,8 @@
 # The GPU run (issue 22): benchmarks/gpu_suite.py on one H200, installing nothing from the network.
 # Prepare here first: bash benchmarks/prepare_device.sh; then on the device, from the repo root:
 #   run(command="bash benchmarks/gpu.sh", carry=[".whl", "benchmarks/carry"], timeout_s=540)
+# or one step alone, e.g. the model's predictions at the device's step costs (issue 55):
+#   run(command="bash benchmarks/gpu.sh --only trees", carry=[".whl", "benchmarks/carry"], timeout_s=300)
 # Results in $OUT (there) or benchmarks/out: results.json, tables.md, log.txt.
 # Here, a dry run at a toy shape on the CPU: bash benchmarks/gpu.sh --dry-run
 set -euo pipefail

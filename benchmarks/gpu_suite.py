@@ -9,10 +9,13 @@ it ends, so a run cut short keeps what it finished:
 2. the same at Llama-3.1-8B's shape;
 3. the batch bench at 1, 4, 16 and 64 rows, 8B shape;
 4. the loop overhead (a 1-layer model: seconds outside the forward per verify step);
-5. long prompts: 8k, 16k and 32k tokens of context, 0.5B shape.
+5. long prompts: 8k, 16k and 32k tokens of context, 0.5B shape;
+6. the model's own predictions at the device's step costs: stories260K through lookahead.generate,
+   the default drafter with and without its prediction table (`--blend --time-blend`; where the
+   model was carried or ../shared holds it).
 
 A step starts only if its time cap fits in what is left of --budget seconds; it is recorded as
-skipped otherwise. Outputs in --out: results.json ({step: JSON of the bench}), tables.md (each
+skipped otherwise (the six caps add up past the budget: `--only trees` runs the sixth alone). Outputs in --out: results.json ({step: JSON of the bench}), tables.md (each
 step's command, seconds and table) and log.txt. --dry-run: the same steps at a 1-layer toy
 shape on whatever device is here, a few tokens each (for the test that keeps this script working).
 """
@@ -35,6 +38,8 @@ from lookahead.bench.cli import main as lookahead_main
 ROOT = Path(__file__).resolve().parents[1]
 CARRIED_TRACES = ROOT / "benchmarks" / "carry" / "traces"  # benchmarks/prepare_device.sh writes it
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
+CARRIED_STORIES = ROOT / "benchmarks" / "carry" / "stories260K"  # and this (the trained tiny Llama)
+SHARED_STORIES = ROOT.parent / "shared" / "models" / "stories260K"
 # "lookahead.generate lookup alone": the default without the prediction table, what the table costs or adds on a GPU
 # (its trees are near free there; on the forced model the table learns the kept path only, docs/benchmarks.md).
 TRACE_METHODS = ",".join(["greedy", "hf prompt lookup k=10", "hf prompt lookup k=16", "lookahead assistant_model", "lookahead.generate",
@@ -47,7 +52,7 @@ def steps(*, dry_run: bool) -> list[tuple[str, int, list[str]]]:
     tokens = "12" if dry_run else "128"
     requests = "1" if dry_run else "3"
     trace = ["--dtype", "bfloat16", "--requests", requests, "--max-new-tokens", tokens, "--methods", TRACE_METHODS]
-    return [
+    found = [
         ("trace bench, 0.5B shape", 130, ["--shape", small, *trace]),
         ("trace bench, 8B shape", 150, ["--shape", large, *trace]),
         ("batch bench, 8B shape", 70, ["--batch", "1,2" if dry_run else "1,4,16,64", "--shape", large, "--dtype", "bfloat16",
@@ -56,6 +61,18 @@ def steps(*, dry_run: bool) -> list[tuple[str, int, list[str]]]:
         ("long context, 0.5B shape", 80, ["--context", "0,64" if dry_run else "8192,16384,32768", "--shape", small, "--dtype", "bfloat16",
                                           "--requests", "1", "--max-new-tokens", tokens]),
     ]
+    if stories_model().is_dir():
+        # The model's predictions at the device's own step costs (docs/benchmarks.md's table at --forward-cost 20,0.1):
+        # the default drafter with the table against lookup alone, greedy and sampled, fresh and kept drafters.
+        found.append(("trees at the device's prices, stories260K", 240, [
+            "--blend", "--time-blend", "--model", str(stories_model()), "--dtype", "float32", "--requests", "2" if dry_run else "30",
+            "--max-new-tokens", "8" if dry_run else "200", "--repeats", "1" if dry_run else "2", "--methods", "lookup,blend"]))
+    return found
+
+
+def stories_model() -> Path:
+    """The trained tiny Llama: carried (benchmarks/prepare_device.sh), else ../shared's."""
+    return CARRIED_STORIES if CARRIED_STORIES.is_dir() else SHARED_STORIES
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -66,6 +83,7 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", default=None, help="passed to every step (the default: the traces', Llama-3's)")
     parser.add_argument("--budget", type=float, default=470.0, help="seconds for all the steps")
     parser.add_argument("--dry-run", action="store_true", help="a toy shape and a few tokens: checks the steps, times nothing worth reading")
+    parser.add_argument("--only", default=None, help="run only the steps whose name holds this text (e.g. 'trees')")
     args = parser.parse_args(argv)
     paths = args.traces or sorted(CARRIED_TRACES.glob("*.jsonl")) or sorted(SHARED_TRACES.glob("*.jsonl"))
     if not paths:
@@ -80,6 +98,8 @@ def run(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     failed = False
     for name, cap, options in steps(dry_run=args.dry_run):
+        if args.only is not None and args.only not in name:
+            continue
         left = args.budget - (time.perf_counter() - start)
         if cap > left:
             results[name] = {"skipped": f"its cap of {cap} s exceeds the {left:.0f} s left"}

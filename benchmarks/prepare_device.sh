@@ -3,7 +3,8 @@
 # machine lacks, in two folders git ignores (each holds a '*' .gitignore) and a run must carry:
 #   .whl/               wheels for the device's python (CPython 3.12, x86-64): pyahocorasick (absent
 #                       there) and transformers at this machine's version (the device has 5.17);
-#   benchmarks/carry/   the first 40 requests of each ../shared/traces file (../shared does not travel).
+#   benchmarks/carry/   the first 40 requests of each ../shared/traces file and the trained tiny Llama,
+#                       stories260K (../shared does not travel).
 # Then, on the device: run(command="bash benchmarks/gpu.sh", carry=[".whl", "benchmarks/carry"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +23,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 for f in "$shared"/traces/*.dev.jsonl; do
   head -n 40 "$f" > "benchmarks/carry/traces/$(basename "$f")"
 done
-ls .whl benchmarks/carry/traces
+cp -r "$shared/models/stories260K" benchmarks/carry/
+ls .whl benchmarks/carry/traces benchmarks/carry/stories260K
 du -sh .whl benchmarks/carry
