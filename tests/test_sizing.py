@@ -465,17 +465,23 @@ def test_the_batch_line_starts_from_the_batched_prefill_and_first_plain_step():
 
 
 def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
-    cheap, dear = LoopCosts(SECONDS), LoopCosts(SECONDS)
+    cheap, dear, busy = LoopCosts(SECONDS), LoopCosts(SECONDS), LoopCosts(SECONDS)
+    for costs in (cheap, dear, busy):
+        for step in range(LoopCosts.CHAIN_SAMPLES + 1):  # first a chain step's host work (the first step is a warm-up)
+            assert not costs.tree_trial() and costs.trees() is None
+            costs.observe(1, 4, SECONDS[2], host=0.01 if step else 1.0)
+        assert costs.tree_trial()
     for step in range(LoopCosts.TREE_SAMPLES + 1):  # the first tree step is a warm-up
-        assert cheap.trees() is None and dear.trees() is None
-        cheap.observe(1, 16, 0.24 * 1.02, tree=True)  # the calibrated chain of width 16 takes 0.24 s
-        dear.observe(1, 16, 0.24 * 1.30, tree=True)
-    assert cheap.trees() is True and dear.trees() is False
-    assert cheap.tree_ratio() == pytest.approx(1.02)
+        assert cheap.trees() is None and dear.trees() is None and busy.trees() is None
+        cheap.observe(1, 16, 0.24 * 1.02, tree=True, host=0.01)  # the calibrated chain of width 16 takes 0.24 s
+        dear.observe(1, 16, 0.24 * 1.30, tree=True, host=0.01)
+        busy.observe(1, 16, 0.24, tree=True, host=0.01 + 0.25 * 0.08)  # the forward a chain's, the host's work dearer
+    assert cheap.trees() is True and dear.trees() is False and busy.trees() is False
+    assert cheap.tree_ratio() == pytest.approx((0.24 * 1.02 + 0.01) / 0.25) and busy.tree_ratio() == pytest.approx(1.08)
     assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
     before = cheap.curve.seconds_at(48)
-    for _ in range(5):  # decided for trees: tree steps teach the curve their width, at their seconds over the ratio
-        cheap.observe(1, 48, 1.02 * 2 * before, tree=True)
+    for _ in range(5):  # decided for trees: tree steps teach the curve their width, at their seconds over the ratio less the host's
+        cheap.observe(1, 48, cheap.tree_ratio() * (2 * before + 0.01) - 0.01, tree=True, host=0.01)
     assert cheap.curve.seen[48] and cheap.curve.seconds[48] == pytest.approx(2 * before)
     dear.observe(1, 48, 1.3 * 2 * before, tree=True)  # decided against trees: its tree steps teach nothing
     assert not dear.curve.seen[48] and dear.curve.seconds_at(48) == pytest.approx(before)

@@ -41,7 +41,7 @@ from lookahead.integrations.row_cache import RowCache
 from lookahead.integrations.support import (
     check_generate, check_input_ids, eos_ids, refuse_unsupported, tree_support, ungatherable_layers,
 )
-from lookahead.integrations.verify import build_block, forward_block, greedy_choices, stop_index, top_ids, walk
+from lookahead.integrations.verify import build_block, forward_block, greedy_choices, id_tensor, stop_index, top_ids, walk
 from lookahead.request import Request
 from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
@@ -195,6 +195,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     record = []
     active, first = rows, True
     while active:
+        step_start = time.perf_counter()
         trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
         plans = _plan(active, costs, options, tree=trees and not first, first=first)
         start = time.perf_counter()
@@ -216,9 +217,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
             top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
                                    else [i - first_logit for i in e] for e in learnt], table.k)
-        if costs is not None:  # the step's real shape; the walk's choices synced the device
-            observe = costs.observe_prefill if first else functools.partial(costs.observe, tree=block.is_tree)
-            observe(len(active), block.tokens.shape[1], time.perf_counter() - start)
+        window = time.perf_counter() - start  # the forward and the block's work around it; the walk's choices synced the device
         going, kept_blocks = [], []
         for r, (row, (path, choice)) in enumerate(zip(active, walks)):
             kept = [block.ids[r][i] for i in path[1:]]
@@ -240,6 +239,12 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
         if going:
             cache.keep(going, kept_blocks, block.tokens.shape[1])
+        if costs is not None:  # the step's real shape, and the host's work outside the window (planning, bookkeeping)
+            if first:
+                costs.observe_prefill(len(active), block.tokens.shape[1], window)
+            else:
+                costs.observe(len(active), block.tokens.shape[1], window, tree=block.is_tree,
+                              host=time.perf_counter() - step_start - window)
         active, first = [active[r] for r in going], False
     return record, cache
 
@@ -292,10 +297,10 @@ def _output(rows: list[Row], config: GenerationConfig, record: list, cache: RowC
     if batch:
         pad = pad_token_id(config)
         longest = max(len(row.context) for row in rows)
-        sequences = torch.tensor([row.context + [pad] * (longest - len(row.context)) for row in rows], dtype=torch.long, device=device)
+        sequences = id_tensor([row.context + [pad] * (longest - len(row.context)) for row in rows]).to(device)
         return decoder_only_output(sequences=sequences) if config.return_dict_in_generate else sequences
     sequence = rows[0].context
-    sequences = torch.tensor([sequence], dtype=torch.long, device=device)  # int64 whatever came in, as plain generate
+    sequences = id_tensor([sequence]).to(device)  # int64 whatever came in, as plain generate
     if not config.return_dict_in_generate:
         return sequences
     with torch.inference_mode():  # the loop's tensors: a recurrent layer's crop updates them in place
@@ -342,15 +347,16 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
 
 def step_trees(tree: bool | None, costs, rows: int) -> bool:
     """Whether a step (not the prefill) drafts a tree. tree=None (the family takes trees): unsized,
-    trees; sized, where our tree steps cost at most TREE_MAX_OVER_CHAIN times a chain step of their
-    width (costs.trees()), and, until that is known, one-row steps try trees (the call's first few
-    tree steps are what decides; a sized tree costs what its chain does under the curve)."""
+    trees; sized, where our tree steps, the host's work included, cost at most TREE_MAX_OVER_CHAIN
+    times a chain step of their width (costs.trees()), and, until that is known, one-row steps try
+    trees once a chain step's host work is timed (costs.tree_trial(): the process's first few chain,
+    then tree steps are what decides; a sized tree costs what its chain does under the curve)."""
     if tree is not None:
         return tree
     if costs is None:
         return True
     known = costs.trees()
-    return rows == 1 if known is None else known
+    return rows == 1 and costs.tree_trial() if known is None else known
 
 
 def _check_batch(config: GenerationConfig, streamer, options: Options) -> None:

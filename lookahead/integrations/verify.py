@@ -71,7 +71,7 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
         depths.append(depth)
     is_tree = any(depth is not None for depth in depths)
     lengths = [len(row) for row in ids]
-    tokens = torch.tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
+    tokens = id_tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
     if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
         # the model's own causal mask; every row's positions follow its S real slots
         return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
@@ -118,6 +118,12 @@ def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -
     return out.logits, (u - 1 if logits_to_keep else 0)
 
 
+def id_tensor(ids: list) -> torch.Tensor:
+    """Token ids (a list of ints, or of equal-length lists) as an int64 tensor on the CPU, through numpy:
+    torch.tensor reads Python ints 8x slower (1,500 ids: 123 µs against 16)."""
+    return torch.from_numpy(np.array(ids, dtype=np.int64))
+
+
 def is_chain(parents: np.ndarray) -> bool:
     """Whether a draft's parents ((n,), parents[i] < i) are a chain's, [-1, 0, ..., n - 2]: as parents[i] <= i - 1
     for each i, their sum reaches the chain's, n (n - 3) / 2, only where every one is i - 1."""
@@ -162,7 +168,7 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
         if argmax is not None:
             choice = argmax[node - first]
         else:
-            context = torch.tensor([sequence + [tokens[i] for i in path[1:]]], device=device) if len(processors) else None
+            context = id_tensor([sequence + [tokens[i] for i in path[1:]]]).to(device) if len(processors) else None
             choice, processed = choose(processors, context, logits[node - first], do_sample)
             if record is not None:
                 record.append((processed, logits[node - first][None].clone()))
@@ -191,9 +197,16 @@ def top_ids(logits: torch.Tensor, entries: list[list[int]], k: int) -> list[np.n
 
 def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) -> list[list[int]] | None:
     """Per row and entry, the logits' argmax, in one read from the device (one sync per step, not
-    one per kept token), where greedy choices need no processing and no scores are returned."""
+    one per kept token), where greedy choices need no processing and no scores are returned.
+
+    On a CPU numpy's argmax reads float32 logits (others widened: exactly, so the same argmax as plain
+    generate's over its float32 scores); torch's CPU argmax over the last dim took 13x numpy's at one
+    thread (a (17, 128256) block: 1.2 ms against 0.1 ms in float32, 7 ms in bfloat16). Both return the
+    first of equal maxima (and the first NaN), as plain generate's torch.argmax does."""
     if do_sample or len(processors) or record is not None:
         return None
+    if logits.device.type == "cpu":
+        return (logits if logits.dtype == torch.float32 else logits.float()).numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
 
 
@@ -220,7 +233,7 @@ def stop_index(sequence: list[int], new: list[int], max_len: int, eos: frozenset
         if token in eos or length >= max_len or i == completes:
             return i + 1
         if criteria:
-            ids = torch.tensor([sequence + new[: i + 1]])
+            ids = id_tensor([sequence + new[: i + 1]])
             if any(bool(c(ids, None).any()) for c in criteria):
                 return i + 1
     return None

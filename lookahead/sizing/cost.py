@@ -14,10 +14,12 @@ Python list, what a one-row sizer reads every step (no numpy call on that path).
 """
 
 import numpy as np
+from numba import njit
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
 FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
 UNPRICED = 1e6  # the relative cost of a block nothing has priced yet: no draft pays for it
+NO_CAP = -1  # StepCosts._cap: no seen wider width
 
 
 def cost_curve(points) -> np.ndarray:
@@ -108,8 +110,9 @@ class StepCosts(CostCurve):
     block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
     priced as that narrower block, so the sizer verifies the wider one.
 
-    Cost: `one_row` prices only the widths a step reads, in plain Python (a few µs); `observe` is a
-    list update, and a numpy pass over the 65 widths the first time a width is seen.
+    Cost: the first `one_row` after an `observe` prices the 65 widths in one compiled call
+    (price_widths); `observe` is an array update, and a numpy pass over the widths the first time
+    a width is seen.
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
@@ -137,11 +140,11 @@ class StepCosts(CostCurve):
         self.seed = None if seconds is None else np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
         if self.seed is not None and (self.seed.shape != (len(SIZES),) or not (self.seed > 0).all()):
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
-        # Python lists, not arrays: a step reads and writes single widths (one_row, observe).
-        # calibrated: the prior's seconds per width (index 0 unused); None until the chord is known.
-        self.calibrated = None if self.seed is None else np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed).tolist()
-        self.seconds = list(self.calibrated) if self.calibrated is not None else [0.0] * (SIZES[-1] + 1)  # learnt seconds where seen
-        self.seen = [False] * (SIZES[-1] + 1)  # a width learnt from its steps
+        # (65,) arrays, index 0 unused, priced by one kernel call (price_widths) after each observe.
+        # calibrated: the prior's seconds per width; None until the chord is known.
+        self.calibrated = None if self.seed is None else np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed)
+        self.seconds = self.calibrated.copy() if self.calibrated is not None else np.zeros(SIZES[-1] + 1)  # learnt seconds where seen
+        self.seen = np.zeros(SIZES[-1] + 1, dtype=np.bool_)  # a width learnt from its steps
         self.warm = [False] * (SIZES[-1] + 1)  # a width stepped once (its one-time costs paid)
         self.prefill = None  # (tokens, seconds) of a one-row prefill, until the chord is drawn from it
         self.decay = decay
@@ -162,8 +165,8 @@ class StepCosts(CostCurve):
         tokens, seconds = self.prefill
         one = self.seconds[1]
         slope = max(seconds - one, 0.0) / (tokens - 1) * (1 + self.head_ratio)
-        self.calibrated = [one + slope * (w - 1) for w in range(SIZES[-1] + 1)]
-        self.seconds = [s if seen else c for s, seen, c in zip(self.seconds, self.seen, self.calibrated)]
+        self.calibrated = one + slope * (np.arange(SIZES[-1] + 1) - 1.0)
+        self.seconds = np.where(self.seen, self.seconds, self.calibrated)
         self._anchors()
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
@@ -176,7 +179,7 @@ class StepCosts(CostCurve):
             self.warm[w] = True
             return
         if self.seen[w]:
-            self.seconds[w] = self.decay * self.seconds[w] + (1 - self.decay) * seconds
+            self.seconds[w] = self.decay * float(self.seconds[w]) + (1 - self.decay) * seconds
         else:
             self.seconds[w] = seconds
             self.seen[w] = True
@@ -188,15 +191,14 @@ class StepCosts(CostCurve):
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
-        # the seen width its estimate starts from, and the nearest seen wider width (a cap) or None.
+        # the seen width its estimate starts from, and the nearest seen wider width (a cap; NO_CAP: none).
         last = SIZES[-1]
         widths = np.arange(last + 1)
-        seen = np.asarray(self.seen)
-        below = np.maximum.accumulate(np.where(seen, widths, 0))  # nearest seen width <= w (0: none)
-        above = np.minimum.accumulate(np.where(seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
-        self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths)).tolist()
-        self._cap = [int(a) if a <= last else None for a in above]
-        self._seen_widths = np.flatnonzero(seen).tolist()  # narrow to wide
+        below = np.maximum.accumulate(np.where(self.seen, widths, 0))  # nearest seen width <= w (0: none)
+        above = np.minimum.accumulate(np.where(self.seen, widths, last + 1)[::-1])[::-1]  # nearest seen width >= w (last + 1: none)
+        self._anchor = np.where(below > 0, below, np.where(above <= last, above, widths))
+        self._cap = np.where(above <= last, above, NO_CAP)
+        self._seen_widths = np.flatnonzero(self.seen)  # narrow to wide
         self._priced = None
 
     def seconds_at(self, width: int) -> float:
@@ -210,37 +212,38 @@ class StepCosts(CostCurve):
     def one_row(self, last: int) -> list[float]:
         """costs[n], n in 0..last, relative to a plain step (index 0 unused).
 
-        Cost: the first read after an `observe` prices the 65 widths (a pass over the seen widths, then
-        one over the widths: tens of µs); later reads slice that.
+        Cost: the first read after an `observe` prices the 65 widths (price_widths: about 2 µs);
+        later reads slice that.
         """
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
             return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
         if self._priced is None:
-            self._priced = self._price(SIZES[-1])
+            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE).tolist()
         return self._priced[: last + 1] if last <= SIZES[-1] else extend_linearly(self._priced, last)
 
-    def _price(self, top: int) -> list[float]:
-        # costs[n], n in 0..top (an estimate reads only widths up to the cap of the widest: the same at any top)
-        anchor, cap, calibrated = self._anchor, self._cap, self.calibrated
-        through = top if cap[top] is None else cap[top]  # the widest width the estimates read
-        seconds = self.seconds[: through + 1]  # noise-levelled below
-        level = None
-        for w in self._seen_widths:
-            if w > through:
-                break
-            if level is not None and seconds[w] <= level * (1 + self.NOISE):
-                seconds[w] = min(seconds[w], level)  # within noise of a narrower seen block: no dearer
-            else:
-                level = seconds[w]
-        estimate = []
-        for w in range(top + 1):
-            a, c = anchor[w], cap[w]
-            e = seconds[a] + calibrated[w] - calibrated[a]
-            if c is not None and seconds[c] < e:
-                e = seconds[c]  # never dearer than a seen wider block
-            estimate.append(max(e, 1e-9))
-        estimate[0] = one = estimate[1]
-        return [e / one for e in estimate]
+@njit(cache=True)
+def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragma: no cover (compiled)
+    """StepCosts' relative costs[n], n in 0..64 (index 0: costs[1]): each width from its anchor's seconds plus the
+    prior's extra seconds between the two, never dearer than its cap's (a seen wider block); a seen width within
+    `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide)."""
+    top = seconds.shape[0] - 1
+    levelled = seconds.copy()
+    level = -1.0
+    for w in seen_widths:
+        if level >= 0 and levelled[w] <= level * (1 + noise):
+            levelled[w] = min(levelled[w], level)  # within noise of a narrower seen block: no dearer
+        else:
+            level = levelled[w]
+    out = np.empty(top + 1)
+    for w in range(1, top + 1):
+        a, c = anchor[w], cap[w]
+        e = levelled[a] + calibrated[w] - calibrated[a]
+        if c != NO_CAP and levelled[c] < e:
+            e = levelled[c]
+        out[w] = max(e, 1e-9)
+    one = out[1]
+    out[0] = one
+    return out / one
 
 
 class LineCost:
@@ -328,12 +331,17 @@ class LoopCosts:
     line through a batch's prefill (rows x L tokens) and a plain step after the first (rows tokens),
     and until both are in, batched steps are `Unpriced`.
 
-    Trees: a one-row tree step's seconds over the curve's price of a chain step of its width,
-    from TREE_SAMPLES such steps after the first (the loop takes them while `trees()` is None: a tree costs what
-    its chain does under the curve, so trying one risks little); a calibration's ratio
-    (tree_over_chain) decides at once. Decided for trees, the loop steps only trees: each teaches
-    the curve its width's price as its seconds over the ratio, so wide blocks are priced by the
-    steps that take them, not by the prior alone.
+    Trees: what a one-row tree step costs the loop over what a chain step of its width does, the
+    host's work around the forward included on both sides (a tree step searches wider, reads the
+    model's predictions and builds a mask; where the forward is fast that decides): a tree step's
+    seconds plus its host seconds, over the curve's price of its width plus a chain step's host
+    seconds (the median of CHAIN_SAMPLES one-row chain steps after the first), from TREE_SAMPLES
+    tree steps after the first. The loop takes those chain steps, then those tree steps, while
+    `trees()` is None (`tree_trial()`); a tree costs what its chain does under the curve, so trying
+    one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
+    the loop steps only trees: each teaches the curve its width's price (its seconds over the
+    ratio, less what its host work adds), so wide blocks are priced by the steps that take them,
+    not by the prior alone.
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
@@ -344,6 +352,7 @@ class LoopCosts:
     """
 
     TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
+    CHAIN_SAMPLES = 3  # one-row chain steps whose host seconds are timed before the tree steps are
 
     def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):
         self.curve = StepCosts(seconds, head_ratio=head_ratio)
@@ -351,8 +360,11 @@ class LoopCosts:
         self.batch_prefill = None  # (tokens, seconds) of a batched prefill, until the line's prior is drawn from it
         self.batch_warm = False  # a plain batched step was taken (the first is not learnt from)
         self.tree_over_chain = tree_over_chain
-        self.tree_ratios = []  # one-row tree steps' seconds over the curve's chain price at their width
+        self.tree_ratios = []  # one-row tree steps' seconds over a chain step's of their width, host work included
         self.tree_warm = False  # a tree step was taken (the first is not learnt from)
+        self.chain_hosts = []  # one-row chain steps' host seconds (after the first), until CHAIN_SAMPLES
+        self.chain_warm = False  # a one-row chain step was taken (the first carries the process's first calls)
+        self.chain_host = None  # the median of chain_hosts, once CHAIN_SAMPLES are in
 
     def at(self, rows: int):
         """The cost model a step of `rows` rows is priced by."""
@@ -367,7 +379,10 @@ class LoopCosts:
         elif self.line is None and tokens > 1:
             self.batch_prefill = (rows * tokens, seconds)
 
-    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False) -> None:
+    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False, host: float = 0.0) -> None:
+        """Learns from a step over a (rows, width) block whose forward (with the block built and
+        walked) took `seconds`, and the loop's other work for it (planning, bookkeeping) `host`;
+        `tree`: the block was a tree."""
         if rows > 1:
             if self.line is None and self.batch_prefill is not None and width == 1:
                 if not self.batch_warm:  # the first plain batched step carries its shape's one-time costs
@@ -381,14 +396,25 @@ class LoopCosts:
                 self.line.observe(rows, width, seconds)
         elif not tree:
             self.curve.observe(rows, width, seconds)
-        elif self.trees():  # decided for trees: a tree step prices a chain of its width at its seconds over the ratio
-            self.curve.observe(rows, width, seconds / self.tree_ratio())
-        elif self.curve.calibrated is not None and self.trees() is None:
+            if self.chain_host is None:
+                if self.chain_warm:
+                    self.chain_hosts.append(host)
+                    if len(self.chain_hosts) == self.CHAIN_SAMPLES:
+                        self.chain_host = float(np.median(self.chain_hosts))
+                self.chain_warm = True
+        elif self.trees():  # decided for trees: a tree step prices a chain of its width (its seconds, less its host work's share)
+            chain = seconds / self.tree_ratio() if self.chain_host is None else (seconds + host) / self.tree_ratio() - self.chain_host
+            self.curve.observe(rows, width, max(chain, 1e-9))
+        elif self.curve.calibrated is not None and self.trees() is None and self.chain_host is not None:
             if self.tree_warm:
-                self.tree_ratios.append(seconds / self.curve.seconds_at(width))
+                self.tree_ratios.append((seconds + host) / (self.curve.seconds_at(width) + self.chain_host))
                 if len(self.tree_ratios) == self.TREE_SAMPLES:  # decided: read at every step from here on
                     self.tree_over_chain = float(np.median(self.tree_ratios))
             self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
+
+    def tree_trial(self) -> bool:
+        """Whether a one-row step, trees undecided, is one of the tree steps that decide (after the chain steps that price a chain's host work)."""
+        return self.chain_host is not None
 
     def tree_ratio(self) -> float | None:
         """A tree step's cost over a chain step's of its width: the calibration's, else the median of

@@ -24,9 +24,9 @@ def chain_size(keep_chance: float, available: int, cost) -> int:
     (the first of equals). Plain Python: it runs every step, over at most a few dozen widths."""
     a = min(keep_chance, MAX_CHANCE)
     costs = cost.one_row(available + 1)
-    best, best_worth = 0, 0.0
+    best, best_worth, rest = 0, 0.0, 1 - a
     for n in range(available + 1):
-        worth = (1 - a ** (n + 1)) / (1 - a) / costs[n + 1]
+        worth = (1 - a ** (n + 1)) / rest / costs[n + 1]
         if worth > best_worth:
             best, best_worth = n, worth
     return best
