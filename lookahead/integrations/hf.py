@@ -232,5 +232,8 @@ def head_ratio(model) -> float:
 
 
 def supports_logits_to_keep(model) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (inspects its signature: call once, not per step)."""
-    return model._supports_logits_to_keep()
+    """Whether the model's forward takes `logits_to_keep`: its class's, read once per class (an instance whose
+    forward was replaced, by accelerate's hooks say, is read itself: transformers' own check, tens of µs)."""
+    if "forward" in vars(model):
+        return model._supports_logits_to_keep()
+    return takes(type(model), "logits_to_keep")

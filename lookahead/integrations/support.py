@@ -22,7 +22,7 @@ from lookahead.integrations.hf import (
 )
 
 ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
-PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {("chain"/"tree", training): reason or None}
+PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {("chain"/"tree"/"tree layers", training): reason or None}
 PROBE_PREFIX = 6  # cached tokens before a probe's block
 PROBE_BRANCH = 2  # tokens per branch of the probe's two-branch tree
 # Families (config.model_type) whose forward is exact over a cache, for chains, and for trees with
@@ -110,7 +110,7 @@ def tree_support(model) -> str | None:
     if reason is not None:
         return reason
     if declared_exact(model, "tree"):
-        return ungatherable_layers(model, new_cache(model))
+        return _probed(model, "tree layers", lambda model: ungatherable_layers(model, new_cache(model)))  # a cache built once
     return _probed(model, "tree", _probe_tree)
 
 
