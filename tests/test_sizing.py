@@ -407,7 +407,7 @@ def test_on_recorded_outcomes_the_sizer_matches_the_best_fixed_draft_length_in_h
 
 def test_unseeded_costs_price_no_draft_until_the_prefill_and_a_plain_step_draw_the_chord():
     costs = StepCosts()
-    assert costs.one_row(4) == [1.0, 1.0, UNPRICED, UNPRICED, UNPRICED]
+    assert costs.one_row(4).tolist() == [1.0, 1.0, UNPRICED, UNPRICED, UNPRICED]
     assert chain_size(0.99, 16, costs) == 0  # nothing priced: a plain step
     costs.observe_prefill(1, 201, 2.1)  # the prompt: 201 tokens in 2.1 s
     assert costs.one_row(4)[2] == UNPRICED  # one point is no chord

@@ -206,8 +206,8 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         step_record = [] if options.record else None  # (one row) per token the walk returns
         argmax = greedy_choices(logits, active[0].processors, options.do_sample, step_record)  # rows share processors' kinds
         logits = logits if argmax is not None else logits.float()  # processors and scores read float32
-        walks = [walk(row.processors, logits[r], first_logit, block.ids[r], block.parents[r], u, row.context, options.do_sample,
-                      step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
+        walks = [walk(row.processors, logits[r] if argmax is None else None, first_logit, block.ids[r], block.parents[r], u, row.context,
+                      options.do_sample, step_record, None if argmax is None else argmax[r]) for r, row in enumerate(active)]
         # The model's top-k only where the call's drafts read the table (a plain chain takes none of it, so chains
         # alone, tree=False or tree=None decided against trees, skip it), and only at the entries the table learns
         # from: each row's block from its last own token (u - 1) on, or its kept path alone (record_rejected=False).

@@ -154,7 +154,7 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
     """The target's walk down one row's verified block: (block entries kept, from u - 1; the model's own token).
 
     tokens/parents: the row's entries, u uncached tokens then draft nodes (parents[i] < i);
-    logits: (entries from `first` on, vocab). sequence: what the processors read before the
+    logits: (entries from `first` on, vocab), None with `argmax`. sequence: what the processors read before the
     block's path (its uncached tokens included). With `record`, appends (processed scores,
     raw logits), each (1, vocab) float32, per token returned. `argmax`: the logits' argmax
     per entry from `first` on, read once for the whole block where nothing processes the
@@ -162,13 +162,12 @@ def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parent
     """
     children: dict[tuple[int, int], int] = {(parents[i], tokens[i]): i for i in range(u, len(tokens))}
     path = [u - 1]
-    device = logits.device
     while True:
         node = path[-1]
         if argmax is not None:
             choice = argmax[node - first]
         else:
-            context = id_tensor([sequence + [tokens[i] for i in path[1:]]]).to(device) if len(processors) else None
+            context = id_tensor([sequence + [tokens[i] for i in path[1:]]]).to(logits.device) if len(processors) else None
             choice, processed = choose(processors, context, logits[node - first], do_sample)
             if record is not None:
                 record.append((processed, logits[node - first][None].clone()))

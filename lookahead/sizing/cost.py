@@ -5,7 +5,7 @@ plain one-row step (1 at (1, 1)); `fixed_cost_tokens` is h = F / p of the step t
 F + p * tokens: how many verified tokens cost as much as the step's fixed part.
 
 Each also gives `one_row(last)`: the relative costs of one-row blocks of 0..last tokens as a
-Python list, what a one-row sizer reads every step (no numpy call on that path).
+float64 array, what a one-row sizer's kernel reads every step (sizing.rules).
 
 - `CostCurve`: a fixed relative curve costs[n] over n tokens (`cost_curve`; `verify_costs`).
 - `StepCosts`: that curve learnt width by width from a loop's own one-row steps, seeded by a calibration.
@@ -62,11 +62,11 @@ class CostCurve:
     def cost(self, rows: int, width):
         """Relative cost of a (rows, width) block; `width` an int or an int array."""
         n = rows * np.asarray(width)
-        return np.asarray(self.one_row(int(n.max())))[n]
+        return self.one_row(int(n.max()))[n]
 
-    def one_row(self, last: int) -> list[float]:
-        """cost(1, n) for n in 0..last as a list (index 0 unused)."""
-        return extend_linearly(self.costs[: last + 1].tolist(), last)
+    def one_row(self, last: int) -> np.ndarray:
+        """cost(1, n) for n in 0..last (index 0 unused)."""
+        return extend_linearly(self.costs[: last + 1], last)
 
     @property
     def fixed_cost_tokens(self) -> float:
@@ -75,11 +75,13 @@ class CostCurve:
         return self._fixed
 
 
-def extend_linearly(costs: list[float], last: int) -> list[float]:
+def extend_linearly(costs: np.ndarray, last: int) -> np.ndarray:
     """`costs` (>= 3 entries) continued to index `last` along its last segment, as CostCurve.cost prices past its end."""
-    end = len(costs) - 1
+    end = costs.shape[0] - 1
+    if last <= end:
+        return costs
     step = costs[end] - costs[end - 1]
-    return costs + [costs[end] + (n - end) * step for n in range(end + 1, last + 1)]
+    return np.concatenate([costs, costs[end] + (np.arange(end + 1, last + 1) - end) * step])
 
 
 class StepCosts(CostCurve):
@@ -122,12 +124,12 @@ class StepCosts(CostCurve):
 
     Example:
         >>> costs = StepCosts()
-        >>> costs.one_row(2)[2] == UNPRICED  # nothing measured yet: no draft pays
+        >>> bool(costs.one_row(2)[2] == UNPRICED)  # nothing measured yet: no draft pays
         True
         >>> costs.observe_prefill(1, 101, 1.1)  # the prefill: 101 tokens in 1.1 s
         >>> costs.observe(1, 1, 0.3)  # the first plain step: torch's one-time costs, not learnt from
         >>> costs.observe(1, 1, 0.1)  # a plain step: 0.1 s; the chord adds 0.01 s per token
-        >>> round(costs.one_row(11)[11], 6)
+        >>> round(float(costs.one_row(11)[11]), 6)
         2.0
     """
 
@@ -150,7 +152,7 @@ class StepCosts(CostCurve):
         self.decay = decay
         self._anchors()
         self._fixed = None
-        self._priced: list[float] | None = None  # one_row(64) until the next observe (a step reads it two or three times)
+        self._priced: np.ndarray | None = None  # one_row(64) until the next observe (a step reads it two or three times)
 
     def observe_prefill(self, rows: int, tokens: int, seconds: float) -> None:
         """Learns from a one-row forward over `tokens` uncached tokens (a prefill) that took `seconds`:
@@ -207,25 +209,26 @@ class StepCosts(CostCurve):
 
     def relative(self) -> np.ndarray:
         """costs[n], n in 0..64, relative to a plain step (costs[0] unused)."""
-        return np.asarray(self.one_row(SIZES[-1]))
+        return self.one_row(SIZES[-1])
 
-    def one_row(self, last: int) -> list[float]:
+    def one_row(self, last: int) -> np.ndarray:
         """costs[n], n in 0..last, relative to a plain step (index 0 unused).
 
         Cost: the first read after an `observe` prices the 65 widths (price_widths: about 2 µs);
         later reads slice that.
         """
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
-            return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
+            return Unpriced().one_row(last)
         if self._priced is None:
-            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE).tolist()
-        return self._priced[: last + 1] if last <= SIZES[-1] else extend_linearly(self._priced, last)
+            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE)
+        return self._priced[: last + 1] if last < self._priced.shape[0] else extend_linearly(self._priced, last)
 
 @njit(cache=True)
 def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragma: no cover (compiled)
-    """StepCosts' relative costs[n], n in 0..64 (index 0: costs[1]): each width from its anchor's seconds plus the
-    prior's extra seconds between the two, never dearer than its cap's (a seen wider block); a seen width within
-    `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide)."""
+    """StepCosts' relative costs[n], n in 0..128 (index 0: costs[1]): each width up to 64 from its anchor's seconds
+    plus the prior's extra seconds between the two, never dearer than its cap's (a seen wider block); a seen width
+    within `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide). Beyond 64,
+    along the last segment (extend_linearly's rule: a 64-token chain's sizer reads width 65)."""
     top = seconds.shape[0] - 1
     levelled = seconds.copy()
     level = -1.0
@@ -234,7 +237,7 @@ def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragm
             levelled[w] = min(levelled[w], level)  # within noise of a narrower seen block: no dearer
         else:
             level = levelled[w]
-    out = np.empty(top + 1)
+    out = np.empty(2 * top + 1)
     for w in range(1, top + 1):
         a, c = anchor[w], cap[w]
         e = levelled[a] + calibrated[w] - calibrated[a]
@@ -243,7 +246,11 @@ def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragm
         out[w] = max(e, 1e-9)
     one = out[1]
     out[0] = one
-    return out / one
+    out[: top + 1] /= one
+    step = out[top] - out[top - 1]
+    for n in range(top + 1, 2 * top + 1):
+        out[n] = out[top] + (n - top) * step
+    return out
 
 
 class LineCost:
@@ -263,10 +270,10 @@ class LineCost:
         h = self.fixed_cost_tokens
         return (h + rows * width) / (h + 1)
 
-    def one_row(self, last: int) -> list[float]:
-        """cost(1, n) for n in 0..last as a list (index 0 unused)."""
+    def one_row(self, last: int) -> np.ndarray:
+        """cost(1, n) for n in 0..last (index 0 unused)."""
         h = self.fixed_cost_tokens
-        return [(h + n) / (h + 1) for n in range(last + 1)]
+        return (h + np.arange(last + 1)) / (h + 1)
 
 
 class StepCostFit(LineCost):
@@ -316,8 +323,10 @@ class Unpriced:
     def cost(self, rows: int, width):
         return np.where(np.asarray(width) <= 1, 1.0, UNPRICED)
 
-    def one_row(self, last: int) -> list[float]:
-        return [1.0] * min(last + 1, 2) + [UNPRICED] * (last - 1)
+    def one_row(self, last: int) -> np.ndarray:
+        costs = np.full(last + 1, UNPRICED)
+        costs[:2] = 1.0
+        return costs
 
 
 class LoopCosts:

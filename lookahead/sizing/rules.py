@@ -21,12 +21,15 @@ MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
 
 def chain_size(keep_chance: float, available: int, cost) -> int:
     """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)
-    (the first of equals). Plain Python: it runs every step, over at most a few dozen widths."""
-    a = min(keep_chance, MAX_CHANCE)
-    costs = cost.one_row(available + 1)
-    best, best_worth, rest = 0, 0.0, 1 - a
+    (the first of equals). A kernel: it runs every step, over up to 65 widths."""
+    return best_chain(min(keep_chance, MAX_CHANCE), available, cost.one_row(available + 1))
+
+
+@njit(cache=True)
+def best_chain(a, available, costs):  # pragma: no cover (compiled)
+    best, best_worth = 0, 0.0
     for n in range(available + 1):
-        worth = (1 - a ** (n + 1)) / rest / costs[n + 1]
+        worth = (1 - a ** float(n + 1)) / (1 - a) / costs[n + 1]
         if worth > best_worth:
             best, best_worth = n, worth
     return best
@@ -37,11 +40,16 @@ def tree_size(chances, cost) -> int:
     equals, `chances` each node's chance that the model writes its path, likeliest first (DraftTrie.likeliest): the
     chain rule (chain_size) for a tree, whose N likeliest nodes are the tree of most expected tokens at N.
     Where verifying is nearly free (a GPU at one row) that is every node the model may write; where every
-    token costs, the few it likely does. Plain Python, as chain_size."""
-    costs = cost.one_row(len(chances) + 1)
+    token costs, the few it likely does. A kernel, as chain_size."""
+    chances = np.asarray(chances, dtype=np.float64)
+    return best_tree(chances, cost.one_row(chances.shape[0] + 1))
+
+
+@njit(cache=True)
+def best_tree(chances, costs):  # pragma: no cover (compiled)
     best, best_worth, expected = 0, 1.0 / costs[1], 1.0
-    for n, chance in enumerate(chances.tolist() if hasattr(chances, "tolist") else chances, start=1):
-        expected += chance
+    for n in range(1, chances.shape[0] + 1):
+        expected += chances[n - 1]
         worth = expected / costs[n + 1]
         if worth > best_worth:
             best, best_worth = n, worth
