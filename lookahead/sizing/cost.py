@@ -344,7 +344,7 @@ class LoopCosts:
     host's work around the forward included on both sides (a tree step searches wider, reads the
     model's predictions and builds a mask; where the forward is fast that decides): a tree step's
     seconds plus its host seconds, over the curve's price of its width plus a chain step's host
-    seconds (the median of CHAIN_SAMPLES one-row chain steps after the first), from TREE_SAMPLES
+    seconds (the least of CHAIN_SAMPLES one-row chain steps after the first), from TREE_SAMPLES
     tree steps after the first. The loop takes those chain steps, then those tree steps, while
     `trees()` is None (`tree_trial()`); a tree costs what its chain does under the curve, so trying
     one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
@@ -361,7 +361,7 @@ class LoopCosts:
     """
 
     TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
-    CHAIN_SAMPLES = 3  # one-row chain steps whose host seconds are timed before the tree steps are
+    CHAIN_SAMPLES = 4  # one-row chain steps whose host seconds are timed before the tree steps are
 
     def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):
         self.curve = StepCosts(seconds, head_ratio=head_ratio)
@@ -373,7 +373,7 @@ class LoopCosts:
         self.tree_warm = False  # a tree step was taken (the first is not learnt from)
         self.chain_hosts = []  # one-row chain steps' host seconds (after the first), until CHAIN_SAMPLES
         self.chain_warm = False  # a one-row chain step was taken (the first carries the process's first calls)
-        self.chain_host = None  # the median of chain_hosts, once CHAIN_SAMPLES are in
+        self.chain_host = None  # the least of chain_hosts, once CHAIN_SAMPLES are in
 
     def at(self, rows: int):
         """The cost model a step of `rows` rows is priced by."""
@@ -408,8 +408,8 @@ class LoopCosts:
             if self.chain_host is None:
                 if self.chain_warm:
                     self.chain_hosts.append(host)
-                    if len(self.chain_hosts) == self.CHAIN_SAMPLES:
-                        self.chain_host = float(np.median(self.chain_hosts))
+                    if len(self.chain_hosts) == self.CHAIN_SAMPLES:  # the least: a process's first steps carry one-time
+                        self.chain_host = min(self.chain_hosts)          # costs (kernels loaded), which would favour trees
                 self.chain_warm = True
         elif self.trees():  # decided for trees: a tree step prices a chain of its width (its seconds, less its host work's share)
             chain = seconds / self.tree_ratio() if self.chain_host is None else (seconds + host) / self.tree_ratio() - self.chain_host
