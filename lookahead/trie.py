@@ -95,17 +95,17 @@ def add_paths(source, starts, weights, num_draft_tokens, trie, count):
 
 
 @njit(cache=True, inline="always")
-def _add_occurrences(index, query_len, first_end, match_base, num_draft_tokens, trie, count, out,
-                     walk, min_match, shift, scale, skip_scale):
+def _add_occurrences(index, query_len, first_end, trie, count, out, walking):
     # Walks the prev chain (kernels.index_ends) from first_end over at most `walk` occurrences
     # of the query tokens[:query_len], most recent first. One whose last m tokens agree with
     # the query's (min_match <= m <= max_ngram) adds tokens[end + shift : end + shift +
     # num_draft_tokens] with weight scale * match_base**m; with skip_scale > 0, where
     # tokens[end + shift] is the sequence's last token (the model skipped tokens[end + 1] and
     # went on copying) it adds the tokens after that instead, with weight skip_scale *
-    # match_base**m. Writes (count, longest m added, its end) to out[0:3]. Callers pass the
-    # last five by keyword (numba takes keywords, not keyword-only parameters).
+    # match_base**m. Writes (count, longest m added, its end) to out[0:3]. `walking`: (match_base,
+    # num_draft_tokens, walk, min_match, shift, scale, skip_scale).
     tokens, prev, _, n, _, max_ngram = index
+    match_base, num_draft_tokens, walk, min_match, shift, scale, skip_scale = walking
     best_len, best_end = 0, -1
     end = first_end
     walked = 0
@@ -188,16 +188,15 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
                 return
     if match_len:
         # matches: continued right after the occurrence (shift 1), at full weight, no skip
-        _add_occurrences(index, n, ends[min_ngram], match_base, num_draft_tokens, trie, count, out,
-                         walk=walk, min_match=1, shift=1, scale=1.0, skip_scale=0.0)
+        _add_occurrences(index, n, ends[min_ngram], trie, count, out, (match_base, num_draft_tokens, walk, 1, 1, 1.0, 0.0))
         count = out[0]
         if out[1] < match_len:  # the walk stopped before it (a frequent last token)
             start = ends[match_len] + 1
             count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, trie, count)
     # substitutions: the suffix without its last token, from the previous occurrence of the gram ending at
     # n - 2 (indexed: only n - 1 is not), 2+ tokens matched, continued one token later (shift 2)
-    _add_occurrences(index, n - 1, prev[n - 2], match_base, num_draft_tokens, trie, count, out,
-                     walk=substitution_walk, min_match=2, shift=2, scale=substitution_scale, skip_scale=skip_scale)
+    _add_occurrences(index, n - 1, prev[n - 2], trie, count, out,
+                     (match_base, num_draft_tokens, substitution_walk, 2, 2, substitution_scale, skip_scale))
     out[2] = out[1]
     out[1] = match_len
 
