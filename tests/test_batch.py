@@ -198,7 +198,7 @@ class FixedCosts:
     def at(self, rows):
         return self.line
 
-    def observe(self, rows, width, seconds, **step):
+    def observe(self, rows, width, seconds, *, tree=False, host=0.0):
         pass
 
     def observe_prefill(self, rows, tokens, seconds):

@@ -10,6 +10,7 @@ import torch
 
 from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
+from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 VOCAB = 50
@@ -46,12 +47,11 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
     assert code == 0
     assert out["dtypes"] == ["float32", "bfloat16"]  # the default with --traces
     assert set(out["tree_none"]) == {"float32", "bfloat16"}  # what lookahead.generate's tree=None drafted, per dtype
-    for choice in out["tree_none"].values():  # a family with trees: decided by its trial's tokens per second
-        assert choice["tree_over_chain"] is None  # (no calibration)
-        if choice["tree_speed"] is None:
+    for choice in out["tree_none"].values():  # a family with trees: decided by the ratio its tree steps measured
+        if choice["tree_over_chain"] is None:
             assert choice["drafts"] == "undecided", choice
         else:
-            assert (choice["drafts"] == "trees") == (choice["tree_speed"] > 1.05), choice
+            assert (choice["drafts"] == "trees") == (choice["tree_over_chain"] <= TREE_MAX_OVER_CHAIN), choice
     rows = out["results"]
     assert [(r["file"], r["dtype"], r["method"]) for r in rows] == [
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE

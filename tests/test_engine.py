@@ -303,9 +303,7 @@ class FixedLoopCosts(LoopCosts):
 
     def __init__(self, tree_over_chain=None):
         super().__init__(np.full(7, 0.1), tree_over_chain=tree_over_chain)
-
-    def tree_trial(self):  # undecided, one-row steps try trees (the trial's turns, fixed)
-        return True
+        self.chain_host = 0.0  # a chain step's host work is timed: undecided, one-row steps try trees
 
     def observe(self, *args, **kwargs):
         pass
@@ -357,7 +355,7 @@ def test_unsized_default_drafts_trees_where_the_family_takes_them():
 def test_undecided_trees_are_tried_by_one_row_steps_only():
     undecided = FixedLoopCosts()
     assert generate_module.step_trees(None, undecided, rows=1) and not generate_module.step_trees(None, undecided, rows=4)
-    assert not generate_module.step_trees(None, LoopCosts(np.full(7, 0.1)), rows=1)  # the trial's first turn is a chain's
+    assert not generate_module.step_trees(None, LoopCosts(np.full(7, 0.1)), rows=1)  # first a chain step's host work is timed
     assert generate_module.step_trees(None, FixedLoopCosts(1.0), rows=4) and not generate_module.step_trees(None, FixedLoopCosts(2.0), rows=1)
     assert not generate_module.step_trees(False, FixedLoopCosts(1.0), rows=1)
 

@@ -464,39 +464,27 @@ def test_the_batch_line_starts_from_the_batched_prefill_and_first_plain_step():
     assert min(static_batch_draft_sizes([0.9] * 4, [8] * 4, [64] * 4, [1.0] * 4, cost=costs.at(4))) > 0  # priced: drafts pay
 
 
-def test_trees_are_decided_by_the_trial_steps_tokens_per_second():
-    def trial(costs, tree_tokens, tree_seconds, tree_host=0.0):
-        """The trial's steps, taking turns as the loop takes them: chains write 4 tokens in 0.16 s (+ 10 ms host)."""
-        while costs.trees() is None:
-            tree = costs.tree_trial()
-            costs.observe(1, 8, tree_seconds if tree else 0.16, tree=tree, host=tree_host if tree else 0.01,
-                          written=tree_tokens if tree else 4, trial=tree)
-        return costs
-
-    assert not LoopCosts().tree_trial()  # no curve yet: chains
-    seeded = LoopCosts(SECONDS)
-    turns = []
-    for _ in range(2 * LoopCosts.TRIAL_STEPS + 2):  # a warm-up step of each kind, then TRIAL_STEPS of each
-        turns.append(seeded.tree_trial())
-        seeded.observe(1, 8, 0.16, tree=turns[-1], host=0.01, written=4, trial=turns[-1])
-        seeded.observe(1, 8, 0.16, host=0.01, written=9)  # a forced chain step (tree=False): not the trial's
-    assert turns == [False, True] * (LoopCosts.TRIAL_STEPS + 1) and seeded.tree_speed == pytest.approx(1.0)
-    assert seeded.trees() is False  # as fast: chains (no host work and no mask for nothing)
-    level = trial(LoopCosts(SECONDS), tree_tokens=4.15, tree_seconds=0.16, tree_host=0.01)  # 4% faster: within the noise
-    assert level.trees() is False and level.tree_speed == pytest.approx(4.15 / 4)
-    more = trial(LoopCosts(SECONDS), tree_tokens=5, tree_seconds=0.16)  # one more token a step at a chain's price
-    assert more.trees() is True and more.tree_speed == pytest.approx((5 / 0.16) / (4 / 0.17))
-    busy = trial(LoopCosts(SECONDS), tree_tokens=5, tree_seconds=0.16, tree_host=0.1)  # ... which the host's work eats
-    assert busy.trees() is False and busy.tree_speed == pytest.approx((5 / 0.26) / (4 / 0.17))
+def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
+    cheap, dear, busy = LoopCosts(SECONDS), LoopCosts(SECONDS), LoopCosts(SECONDS)
+    for costs in (cheap, dear, busy):
+        for step in range(LoopCosts.CHAIN_SAMPLES + 1):  # first a chain step's host work (the first step is a warm-up)
+            assert not costs.tree_trial() and costs.trees() is None
+            costs.observe(1, 4, SECONDS[2], host=0.01 if step else 1.0)
+        assert costs.tree_trial()
+    for step in range(LoopCosts.TREE_SAMPLES + 1):  # the first tree step is a warm-up
+        assert cheap.trees() is None and dear.trees() is None and busy.trees() is None
+        cheap.observe(1, 16, 0.24 * 1.02, tree=True, host=0.01)  # the calibrated chain of width 16 takes 0.24 s
+        dear.observe(1, 16, 0.24 * 1.30, tree=True, host=0.01)
+        busy.observe(1, 16, 0.24, tree=True, host=0.01 + 0.25 * 0.08)  # the forward a chain's, the host's work dearer
+    assert cheap.trees() is True and dear.trees() is False and busy.trees() is False
+    assert cheap.tree_ratio() == pytest.approx((0.24 * 1.02 + 0.01) / 0.25) and busy.tree_ratio() == pytest.approx(1.08)
     assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
-    assert LoopCosts(SECONDS, tree_over_chain=1.02).trees() is True
-    before = more.curve.seconds_at(48)
-    for _ in range(5):  # decided for trees: tree steps teach the curve their width
-        more.observe(1, 48, 2 * before, tree=True, host=0.01, written=5)
-    assert more.curve.seen[48] and more.curve.seconds[48] == pytest.approx(2 * before)
-    busy_before = busy.curve.seconds_at(48)
-    busy.observe(1, 48, 1.3 * 2 * before, tree=True)  # decided against trees: its tree steps teach nothing
-    assert not busy.curve.seen[48] and busy.curve.seconds_at(48) == pytest.approx(busy_before)
+    before = cheap.curve.seconds_at(48)
+    for _ in range(5):  # decided for trees: tree steps teach the curve their width, at their seconds over the ratio less the host's
+        cheap.observe(1, 48, cheap.tree_ratio() * (2 * before + 0.01) - 0.01, tree=True, host=0.01)
+    assert cheap.curve.seen[48] and cheap.curve.seconds[48] == pytest.approx(2 * before)
+    dear.observe(1, 48, 1.3 * 2 * before, tree=True)  # decided against trees: its tree steps teach nothing
+    assert not dear.curve.seen[48] and dear.curve.seconds_at(48) == pytest.approx(before)
 
 
 def test_costs_persist_across_calls_per_model_and_a_calibration_reseeds_them(monkeypatch):
@@ -504,11 +492,11 @@ def test_costs_persist_across_calls_per_model_and_a_calibration_reseeds_them(mon
     monkeypatch.setattr(calibration, "LEARNT", {})
     model = tiny_model("llama")
     learnt = calibration.loop_costs(model)
-    assert learnt.curve.seed is None and learnt.trees() is None  # nothing timed up front
+    assert learnt.curve.seed is None and learnt.tree_ratio() is None  # nothing timed up front
     assert calibration.loop_costs(model) is learnt and step_costs(model) is step_costs(model)
     verify_costs(model)
     seeded = calibration.loop_costs(model)
-    assert seeded is not learnt and seeded.curve.seed is not None and seeded.tree_over_chain is not None
+    assert seeded is not learnt and seeded.curve.seed is not None and seeded.tree_ratio() is not None
     assert step_costs(model).seed is not None
 
 

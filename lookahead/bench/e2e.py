@@ -31,6 +31,7 @@ from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, TraceRequest, replay_lookahead
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
+from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 from lookahead.bench.traces import (
     Task, build_model, describe, force_reference, forced_options, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
 )
@@ -79,7 +80,8 @@ def run_bench(args) -> int:
                               "tree_none": trees, "results": rows}):
         print(f"model: {described}, {device}; {requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
         print("tree=None (lookahead.generate's default) drafted " + ", ".join(
-            f"{t['drafts']} in {dtype}" + _decided_by(t)
+            f"{t['drafts']} in {dtype} " + ("" if t["tree_over_chain"] is None else
+                                            f"(a tree step {t['tree_over_chain']:.2f}x a chain step of its width)")
             for dtype, t in trees.items()))
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
               "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "
@@ -100,22 +102,14 @@ def run_bench(args) -> int:
 
 
 def tree_choice(model) -> dict:
-    """What `tree=None` drafted on `model` by the end of the runs ("trees", "chains", or "undecided" where the
-    trial did not end) and what decided it (LoopCosts.trees): the trial's tree steps' tokens per second over
-    its chain steps' (tree_speed), or a calibration's tree step over a chain step of its width (tree_over_chain)."""
+    """What `tree=None` drafted on `model` by the end of the runs ("trees", "chains", or "undecided"
+    where no three tree steps were timed) and the ratio it decided by (LoopCosts.tree_ratio: our
+    tree steps over chain steps of their width, as the process's calls learnt them)."""
     if tree_support(model) is not None:
-        return {"drafts": "chains", "tree_speed": None, "tree_over_chain": None}
-    costs = loop_costs(model)
-    return {"drafts": {None: "undecided", True: "trees", False: "chains"}[costs.trees()],
-            "tree_speed": costs.tree_speed, "tree_over_chain": costs.tree_over_chain}
-
-
-def _decided_by(choice: dict) -> str:
-    if choice["tree_over_chain"] is not None:
-        return f" (a calibrated tree step {choice['tree_over_chain']:.2f}x a chain step of its width)"
-    if choice["tree_speed"] is not None:
-        return f" (its trial's tree steps wrote {choice['tree_speed']:.2f}x the tokens per second of its chain steps)"
-    return ""
+        return {"drafts": "chains", "tree_over_chain": None}
+    ratio = loop_costs(model).tree_ratio()
+    drafts = "undecided" if ratio is None else "trees" if ratio <= TREE_MAX_OVER_CHAIN else "chains"
+    return {"drafts": drafts, "tree_over_chain": None if ratio is None else round(ratio, 3)}
 
 
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:

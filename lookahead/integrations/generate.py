@@ -43,7 +43,18 @@ from lookahead.integrations.support import (
 )
 from lookahead.integrations.verify import build_block, forward_block, greedy_choices, id_tensor, stop_index, top_ids, walk
 from lookahead.request import Request
+from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
+
+# tree=None drafts trees where our step over a tree (its explicit mask built, the kept path
+# gathered into the cache) costs at most this many times our step over a chain of its width
+# (sizing.cost.LoopCosts.trees: learnt from the call's first tree steps, or a calibration's
+# 16-node tree over 16-token chain): a sized tree's worth is hedging at a chain's price, a few
+# percent of tokens per unit of verify cost at most (notes/README.md: trees over chains), which a
+# dearer mask path or the host work around it (where the forward is fast) loses; differences
+# within NOISE are not measurable.
+TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
+
 
 @dataclass
 class Row:
@@ -94,9 +105,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             its tokens that pay, a one-row tree to its likeliest nodes that do.
         assistant: the same, under the name transformers' custom_generate convention uses.
         tree: draft trees, or chains (default: where the family supports trees, unsized
-            drafts are trees, and sized ones are where the process's first tree steps wrote more
-            tokens per second than its chain steps, taking turns with them (LoopCosts.trees), or
-            where lookahead.verify_costs' calibration measured a tree step no dearer than a chain's).
+            drafts are trees, and sized ones are where our tree steps cost no more than chain
+            steps of their width, within TREE_MAX_OVER_CHAIN: learnt from the first few tree
+            steps of the process, or decided by lookahead.verify_costs' calibration).
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
         tokenizer: needed for `stop_strings`.
@@ -186,7 +197,6 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     while active:
         step_start = time.perf_counter()
         trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
-        trial = options.tree is None and costs is not None and len(active) == 1 and costs.trees() is None  # the kind is the trial's
         plans = _plan(active, costs, options, tree=trees and not first, first=first)
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
@@ -208,7 +218,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
                                    else [i - first_logit for i in e] for e in learnt], table.k)
         window = time.perf_counter() - start  # the forward and the block's work around it; the walk's choices synced the device
-        going, kept_blocks, written = [], [], 0
+        going, kept_blocks = [], []
         for r, (row, (path, choice)) in enumerate(zip(active, walks)):
             kept = [block.ids[r][i] for i in path[1:]]
             new = kept + [choice]
@@ -219,7 +229,6 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             row.context += new
-            written += len(new)
             predicted = None if learnt is None else ([block.ids[r][i] for i in learnt[r]], top[r])
             row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
@@ -235,7 +244,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
                 costs.observe_prefill(len(active), block.tokens.shape[1], window)
             else:
                 costs.observe(len(active), block.tokens.shape[1], window, tree=block.is_tree,
-                              host=time.perf_counter() - step_start - window, written=written, trial=trees if trial else None)
+                              host=time.perf_counter() - step_start - window)
         active, first = [active[r] for r in going], False
     return record, cache
 
@@ -338,11 +347,10 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
 
 def step_trees(tree: bool | None, costs, rows: int) -> bool:
     """Whether a step (not the prefill) drafts a tree. tree=None (the family takes trees): unsized,
-    trees; sized, where the process's one-row tree steps wrote more tokens per second than its chain
-    steps, the host's work included (costs.trees(); or a calibration's tree step costs at most
-    1 + NOISE times a chain step of its width), and, until that is known, one-row steps
-    take turns, a chain then a tree (costs.tree_trial(): a sized tree costs what its chain does
-    under the curve, so the trial risks little)."""
+    trees; sized, where our tree steps, the host's work included, cost at most TREE_MAX_OVER_CHAIN
+    times a chain step of their width (costs.trees()), and, until that is known, one-row steps try
+    trees once a chain step's host work is timed (costs.tree_trial(): the process's first few chain,
+    then tree steps are what decides; a sized tree costs what its chain does under the curve)."""
     if tree is not None:
         return tree
     if costs is None:

@@ -340,19 +340,17 @@ class LoopCosts:
     line through a batch's prefill (rows x L tokens) and a plain step after the first (rows tokens),
     and until both are in, batched steps are `Unpriced`.
 
-    Trees: whether one-row tree steps write more tokens per second than chain steps, as the loop
-    runs them: the forward and the host's work around it (a tree step searches wider, reads the
-    model's predictions, builds a mask), and the tokens each kept. A tree verifies the likeliest
-    nodes where a chain verifies one path, at a sized chain's price; whether that buys tokens, and
-    whether its host work eats them, depends on the text and the hardware (on a CPU in float32, code
-    edits copy long runs a chain keeps whole: trees there wrote 13% fewer tokens a step). So the
-    loop measures it: while `trees()` is None, one-row steps take turns (`tree_trial()`), a chain
-    then a tree, and after a warm-up step of each, TRIAL_STEPS of each decide: trees where their
-    tokens per second exceed the chains' by more than NOISE (`tree_speed`). A calibration's ratio (tree_over_chain: a
-    tree step's cost over a chain's of its width, verify_costs) decides at once, at 1 + NOISE.
-    Decided for trees, the loop steps only trees, and each teaches the curve its width's price
-    (a tree's forward at that width, as a chain's: under SDPA both pass an explicit mask), so wide
-    blocks are priced by the steps that take them, not by the prior alone.
+    Trees: what a one-row tree step costs the loop over what a chain step of its width does, the
+    host's work around the forward included on both sides (a tree step searches wider, reads the
+    model's predictions and builds a mask; where the forward is fast that decides): a tree step's
+    seconds plus its host seconds, over the curve's price of its width plus a chain step's host
+    seconds (the least of CHAIN_SAMPLES one-row chain steps after the first), from TREE_SAMPLES
+    tree steps after the first. The loop takes those chain steps, then those tree steps, while
+    `trees()` is None (`tree_trial()`); a tree costs what its chain does under the curve, so trying
+    one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
+    the loop steps only trees: each teaches the curve its width's price (its seconds over the
+    ratio, less what its host work adds), so wide blocks are priced by the steps that take them,
+    not by the prior alone.
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
@@ -362,7 +360,8 @@ class LoopCosts:
         head_ratio: as StepCosts's, for the priors drawn from prefills (the curve's and the line's).
     """
 
-    TRIAL_STEPS = 16  # one-row steps of each kind, after a warm-up one, whose tokens per second decide trees()
+    TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
+    CHAIN_SAMPLES = 4  # one-row chain steps whose host seconds are timed before the tree steps are
 
     def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):
         self.curve = StepCosts(seconds, head_ratio=head_ratio)
@@ -370,8 +369,11 @@ class LoopCosts:
         self.batch_prefill = None  # (tokens, seconds) of a batched prefill, until the line's prior is drawn from it
         self.batch_warm = False  # a plain batched step was taken (the first is not learnt from)
         self.tree_over_chain = tree_over_chain
-        self.trial = {False: [0, 0.0, -1], True: [0, 0.0, -1]}  # chains', trees': tokens, seconds, steps (-1: warm-up next)
-        self.tree_speed = None  # the trial's tree steps' tokens per second over its chain steps'
+        self.tree_ratios = []  # one-row tree steps' seconds over a chain step's of their width, host work included
+        self.tree_warm = False  # a tree step was taken (the first is not learnt from)
+        self.chain_hosts = []  # one-row chain steps' host seconds (after the first), until CHAIN_SAMPLES
+        self.chain_warm = False  # a one-row chain step was taken (the first carries the process's first calls)
+        self.chain_host = None  # the least of chain_hosts, once CHAIN_SAMPLES are in
 
     def at(self, rows: int):
         """The cost model a step of `rows` rows is priced by."""
@@ -386,12 +388,10 @@ class LoopCosts:
         elif self.line is None and tokens > 1:
             self.batch_prefill = (rows * tokens, seconds)
 
-    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False, host: float = 0.0, written: int = 1,
-                trial: bool | None = None) -> None:
+    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False, host: float = 0.0) -> None:
         """Learns from a step over a (rows, width) block whose forward (with the block built and
-        walked) took `seconds`, the loop's other work for it (planning, bookkeeping) `host`, and
-        which wrote `written` tokens; `tree`: the block was a tree; `trial`: the kind `tree_trial`
-        chose for it (True: a tree step, whatever shape its sized draft took), None: not the trial's."""
+        walked) took `seconds`, and the loop's other work for it (planning, bookkeeping) `host`;
+        `tree`: the block was a tree."""
         if rows > 1:
             if self.line is None and self.batch_prefill is not None and width == 1:
                 if not self.batch_warm:  # the first plain batched step carries its shape's one-time costs
@@ -403,29 +403,34 @@ class LoopCosts:
                     self.line = StepCostFit(fixed_cost_tokens_of(seconds - per_token * rows, per_token))
             if self.line is not None:
                 self.line.observe(rows, width, seconds)
-            return
-        decided = self.trees()
-        if not tree or decided:  # a chain step; or, decided for trees, a tree's forward prices a chain of its width
+        elif not tree:
             self.curve.observe(rows, width, seconds)
-        if trial is not None and decided is None and self.curve.calibrated is not None:
-            kind = self.trial[trial]
-            if kind[2] >= 0:  # after the kind's warm-up step (a process's first steps carry one-time costs)
-                kind[0] += written
-                kind[1] += seconds + host
-            kind[2] += 1
-            chains, trees = self.trial[False], self.trial[True]
-            if min(chains[2], trees[2]) >= self.TRIAL_STEPS:  # decided: read at every step from here on
-                self.tree_speed = (trees[0] / trees[1]) / (chains[0] / chains[1])
+            if self.chain_host is None:
+                if self.chain_warm:
+                    self.chain_hosts.append(host)
+                    if len(self.chain_hosts) == self.CHAIN_SAMPLES:  # the least: a process's first steps carry one-time
+                        self.chain_host = min(self.chain_hosts)          # costs (kernels loaded), which would favour trees
+                self.chain_warm = True
+        elif self.trees():  # decided for trees: a tree step prices a chain of its width (its seconds, less its host work's share)
+            chain = seconds / self.tree_ratio() if self.chain_host is None else (seconds + host) / self.tree_ratio() - self.chain_host
+            self.curve.observe(rows, width, max(chain, 1e-9))
+        elif self.curve.calibrated is not None and self.trees() is None and self.chain_host is not None:
+            if self.tree_warm:
+                self.tree_ratios.append((seconds + host) / (self.curve.seconds_at(width) + self.chain_host))
+                if len(self.tree_ratios) == self.TREE_SAMPLES:  # decided: read at every step from here on
+                    self.tree_over_chain = float(np.median(self.tree_ratios))
+            self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
 
     def tree_trial(self) -> bool:
-        """Whether a one-row step, trees undecided, is a tree: once the curve is drawn, the trial's steps take turns, a chain first
-        (steps of a kind forced by the caller, tree=True or False, are not the trial's: observe(trial=None))."""
-        return self.curve.calibrated is not None and self.trial[True][2] < self.trial[False][2]
+        """Whether a one-row step, trees undecided, is one of the tree steps that decide (after the chain steps that price a chain's host work)."""
+        return self.chain_host is not None
+
+    def tree_ratio(self) -> float | None:
+        """A tree step's cost over a chain step's of its width: the calibration's, else the median of
+        the TREE_SAMPLES tree steps' (None: not known yet)."""
+        return self.tree_over_chain
 
     def trees(self) -> bool | None:
-        """Whether one-row steps draft trees: a calibration's tree step costs at most 1 + NOISE times a chain
-        step of its width, else the trial's tree steps wrote more than 1 + NOISE times the chain steps' tokens per
-        second (a step's tokens vary with the text: a margin against the trial's noise; chains are the safe side)."""
-        if self.tree_over_chain is not None:
-            return bool(self.tree_over_chain <= 1 + StepCosts.NOISE)
-        return None if self.tree_speed is None else bool(self.tree_speed > 1 + StepCosts.NOISE)
+        """Whether a tree step costs at most 1 + NOISE times a chain step of its width (None: not known yet)."""
+        ratio = self.tree_ratio()
+        return None if ratio is None else bool(ratio <= 1 + StepCosts.NOISE)
