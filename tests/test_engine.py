@@ -303,7 +303,9 @@ class FixedLoopCosts(LoopCosts):
 
     def __init__(self, tree_over_chain=None):
         super().__init__(np.full(7, 0.1), tree_over_chain=tree_over_chain)
-        self.chain_host = 0.0  # a chain step's host work is timed: undecided, one-row steps try trees
+
+    def tree_trial(self):  # a chain step's host work is timed: undecided, one-row steps try trees
+        return True
 
     def observe(self, *args, **kwargs):
         pass

@@ -371,9 +371,7 @@ class LoopCosts:
         self.tree_over_chain = tree_over_chain
         self.tree_ratios = []  # one-row tree steps' seconds over a chain step's of their width, host work included
         self.tree_warm = False  # a tree step was taken (the first is not learnt from)
-        self.chain_hosts = []  # one-row chain steps' host seconds (after the first), until CHAIN_SAMPLES
-        self.chain_warm = False  # a one-row chain step was taken (the first carries the process's first calls)
-        self.chain_host = None  # the least of chain_hosts, once CHAIN_SAMPLES are in
+        self.chain_hosts = []  # one-row chain steps' host seconds, the first included, until 1 + CHAIN_SAMPLES
 
     def at(self, rows: int):
         """The cost model a step of `rows` rows is priced by."""
@@ -405,12 +403,8 @@ class LoopCosts:
                 self.line.observe(rows, width, seconds)
         elif not tree:
             self.curve.observe(rows, width, seconds)
-            if self.chain_host is None:
-                if self.chain_warm:
-                    self.chain_hosts.append(host)
-                    if len(self.chain_hosts) == self.CHAIN_SAMPLES:  # the least: a process's first steps carry one-time
-                        self.chain_host = min(self.chain_hosts)          # costs (kernels loaded), which would favour trees
-                self.chain_warm = True
+            if len(self.chain_hosts) <= self.CHAIN_SAMPLES:
+                self.chain_hosts.append(host)
         elif self.trees():  # decided for trees: a tree step prices a chain of its width (its seconds, less its host work's share)
             chain = seconds / self.tree_ratio() if self.chain_host is None else (seconds + host) / self.tree_ratio() - self.chain_host
             self.curve.observe(rows, width, max(chain, 1e-9))
@@ -420,6 +414,12 @@ class LoopCosts:
                 if len(self.tree_ratios) == self.TREE_SAMPLES:  # decided: read at every step from here on
                     self.tree_over_chain = float(np.median(self.tree_ratios))
             self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
+
+    @property
+    def chain_host(self) -> float | None:
+        """A one-row chain step's host seconds: the least of CHAIN_SAMPLES after the first (a process's first steps carry
+        one-time costs, kernels loaded, which would favour trees); None until they are in."""
+        return min(self.chain_hosts[1:]) if len(self.chain_hosts) > self.CHAIN_SAMPLES else None
 
     def tree_trial(self) -> bool:
         """Whether a one-row step, trees undecided, is one of the tree steps that decide (after the chain steps that price a chain's host work)."""
