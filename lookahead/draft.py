@@ -64,11 +64,14 @@ class StepPlan:
 
     `draft` is `chain.prefix(size)`, or a tree with the nodes that cost what `size` chain
     tokens would; the keep rate learns from the chain either way (engine.kernels.learn_row).
+    `gain`: a one-row sized tree's expected tokens per step price over its chain's
+    (sizing.rules.tree_gain; 1.0 for any other plan).
     """
 
     chain: Draft
     draft: Draft
     size: int
+    gain: float = 1.0
 
 
 @dataclass
@@ -193,9 +196,10 @@ class DraftSource(Protocol):
     def grow_tree(self, max_tree_nodes: int) -> Draft:
         """The tree of the last `propose(..., hedged=True)`'s candidates, at most `max_tree_nodes` nodes."""
 
-    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray]:
+    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The last `propose(..., hedged=True)`'s candidates the model likeliest writes, likeliest first (at most
-        `max_tree_nodes`; every prefix a tree), and each one's chance, lookup's next token kept with `keep_chance`."""
+        `max_tree_nodes`; every prefix a tree), each one's chance, lookup's next token kept with `keep_chance`, and
+        what the source's `tree_chances.observe(*learnt, kept)` learns from once they are verified."""
 
     def record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),

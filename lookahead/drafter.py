@@ -421,18 +421,21 @@ class LookupDrafter:
         self._searched("grow_tree")
         return self._tree(max_tree_nodes, first_class=self._lookup_nodes)  # sized: lookup's nodes first
 
-    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray]:
+    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The `max_tree_nodes` candidates of the last `propose(..., hedged=True)` (or `propose_tree`) the model
-        likeliest writes, likeliest first, and each one's chance (DraftTrie.likeliest: lookup's heaviest next
-        token kept with `keep_chance`, its siblings in proportion to their weight): every prefix of the
-        draft is a tree, so a sizer cuts it where the next node no longer pays (sizing.rules.tree_size).
+        likeliest writes, likeliest first, each one's chance, and what `tree_chances.observe` learns from once they
+        are verified: (estimates, which are the table's). A node's chance is its estimate (DraftTrie.likeliest:
+        lookup's heaviest next token kept with `keep_chance`, its siblings in proportion to their weight) corrected
+        by what such nodes kept (TreeChances). Every prefix of the draft is a tree, so a sizer cuts it where the
+        next node no longer pays (sizing.rules.tree_size).
 
         Raises:
             RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
         self._searched("likeliest_tree")
-        token_ids, parents, estimates = self._trie.likeliest(max_tree_nodes, keep_chance)
-        return Draft(token_ids, parents, self._tree_match_len), estimates
+        token_ids, parents, chances, estimates, table = self._trie.likeliest(
+            max_tree_nodes, keep_chance, self.tree_chances.correction(self._lookup_nodes))
+        return Draft(token_ids, parents, self._tree_match_len), chances, (estimates, table)
 
     def _searched(self, caller: str) -> None:
         self._check_thread()

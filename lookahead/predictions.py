@@ -205,37 +205,40 @@ class LeadChances:
 class TreeChances:
     """What a tree node's estimated chance (DraftTrie.likeliest) is worth: learnt from the nodes verified.
 
-    The estimate prices a node by its candidates' weights; where the candidates say little (a
-    table path several ranks down, a thin branch) it falls below what such nodes keep (a node any
-    candidate holds is written with some chance of its own). So the verified nodes are counted
-    in bands of their estimate (BANDS), and a node's chance is its estimate plus its band's
-    mean error so far (kept minus estimated, per node, shrunk toward PRIOR_ERROR by PRIOR_NODES
-    pseudo-nodes), within [0, 1]. Kept by the drafter across its requests: a kept drafter starts
-    each request from what the last ones taught.
+    The estimate prices a node by its candidates' weights, and each source's weights say
+    something different. Where the candidates say little (a thin branch) it falls below what
+    such nodes keep (a node any candidate holds is written with some chance of its own); a
+    table node the lookup candidates did not hold, priced by the table's rank chances over
+    every position, sits where lookup and the table disagree, and is kept far less often
+    (stories260K, greedy, a kept drafter at 20 + 4 ms a step: estimated 0.34, kept 0.08,
+    while lookup's nodes beside them kept 0.49 against 0.40). So the verified nodes are
+    counted per source (lookup's, the table's) in bands of their estimate (BANDS), and a
+    node's chance is its estimate plus its cell's mean error so far (kept minus estimated,
+    per node, shrunk toward PRIOR_ERROR by PRIOR_NODES pseudo-nodes), within [0, 1]
+    (likeliest_nodes applies it: `correction`). Kept by the drafter across its requests: a
+    kept drafter starts each request from what the last ones taught.
     """
 
     BANDS = np.array([0.01, 0.03, 0.1, 0.3])  # band edges of the estimate
     # A guess, outweighed after a tree or two: a node the candidates hold at all is written with about 1% chance
     # (stories260K, every node verified: 0.2-1.8% below an estimate of 1%, by source and greedy or sampled).
     # Optimistic where verifying is nearly free, so that a new drafter tries its thin nodes and learns their worth.
-    PRIOR_ERROR = np.array([0.01, 0.0, 0.0, 0.0, 0.0])
-    PRIOR_NODES = 64.0  # pseudo-nodes of PRIOR_ERROR per band: one tree's worth
+    PRIOR_ERROR = np.array([0.01, 0.0, 0.0, 0.0, 0.0])  # per band, either source's
+    PRIOR_NODES = 64.0  # pseudo-nodes of PRIOR_ERROR per cell: one tree's worth
 
     def __init__(self):
-        self.nodes = np.zeros(len(self.BANDS) + 1)  # per band: nodes verified
-        self.error = np.zeros(len(self.BANDS) + 1)  # per band: summed (kept - estimate)
+        self.nodes = np.zeros((2, len(self.BANDS) + 1))  # per source (0: lookup's, 1: the table's) and band: nodes verified
+        self.error = np.zeros((2, len(self.BANDS) + 1))  # and their summed (kept - estimate)
 
-    def chances(self, estimates: np.ndarray) -> np.ndarray:
-        """(n,) the chances of nodes with these estimates."""
-        band = np.searchsorted(self.BANDS, estimates, side="right")
-        error = (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
-        return np.clip(estimates + error[band], 0.0, 1.0)
+    def correction(self, first_class: int) -> tuple:
+        """likeliest_nodes' correction for a trie whose nodes from `first_class` on are the table's."""
+        return first_class, self.BANDS, (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
 
-    def observe(self, estimates: np.ndarray, kept: np.ndarray) -> None:
-        """Verified nodes' estimates and whether the model wrote each one's path (bool)."""
-        band = np.searchsorted(self.BANDS, estimates, side="right")
-        self.nodes += np.bincount(band, minlength=self.nodes.shape[0])
-        self.error += np.bincount(band, weights=kept - estimates, minlength=self.error.shape[0])
+    def observe(self, estimates: np.ndarray, table: np.ndarray, kept: np.ndarray) -> None:
+        """Verified nodes' estimates, which are the table's (bool), and whether the model wrote each one's path (bool)."""
+        cell = table.astype(np.int64) * self.nodes.shape[1] + np.searchsorted(self.BANDS, estimates, side="right")
+        self.nodes += np.bincount(cell, minlength=self.nodes.size).reshape(self.nodes.shape)
+        self.error += np.bincount(cell, weights=kept - estimates, minlength=self.error.size).reshape(self.error.shape)
 
 
 def warm_up() -> int:

@@ -20,7 +20,7 @@ import numpy as np
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, Draft, DraftSource, StepPlan
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
-from lookahead.sizing.rules import chain_size, tree_size
+from lookahead.sizing.rules import chain_size, tree_gain, tree_size
 
 
 class Request:
@@ -53,7 +53,7 @@ class Request:
         self.slots: Slots | None = None  # sized: slot 0 holds the keep rate and the pending chain
         self._new_slot()
         self.last: StepPlan | None = None  # the plan of the step being verified
-        self.estimates = None  # its tree's nodes' estimated chances (commit_tree), learnt from once verified
+        self.estimates = None  # its tree's nodes' estimated chances and which are the table's (commit_tree), learnt from once verified
         self.position = 0  # tokens the drafter had seen when `last` was drafted
 
     def _new_slot(self) -> None:
@@ -85,9 +85,10 @@ class Request:
         """The chance that a token of `chain` is kept (0.5 before anything is learnt); 1.0 unsized."""
         return kernels.keep_chance(self.slots.keep, self.slots.overall, 0, chain.match_len) if self.slots is not None else 1.0
 
-    def commit(self, chain: Draft, size: int, draft: Draft | None = None) -> StepPlan:
-        """The step verifies `draft` (default: the chain's first `size` tokens), sized as `size` tokens of `chain`."""
-        plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size)
+    def commit(self, chain: Draft, size: int, draft: Draft | None = None, gain: float = 1.0) -> StepPlan:
+        """The step verifies `draft` (default: the chain's first `size` tokens), sized as `size` tokens of `chain`
+        (`gain`: StepPlan's)."""
+        plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size, gain)
         self.last, self.position = plan, self.drafter.num_tokens
         self.drafter.stats.record(len(plan.draft))
         if self.slots is not None and len(chain):
@@ -113,11 +114,11 @@ class Request:
         """A one-row tree step, sized: of the candidates `chain` was drawn from (propose(..., hedged=True)), the
         likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`."""
         chance = self.keep_chance(chain)
-        tree, estimates = self.drafter.likeliest_tree(max_tree_nodes, chance)
-        nodes = tree_size(self.drafter.tree_chances.chances(estimates), cost)
+        tree, chances, (estimates, table) = self.drafter.likeliest_tree(max_tree_nodes, chance)
+        nodes = tree_size(chances, cost)
         size = chain_size(chance, len(chain), cost) if len(chain) else 0
-        plan = self.commit(chain, size, tree.prefix(nodes))
-        self.estimates = estimates[:nodes]
+        plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost))
+        self.estimates = (estimates[:nodes], table[:nodes])
         return plan
 
     def verified(self, written, accepted: int | None = None, checked: int | None = None, predicted=None) -> None:
@@ -129,8 +130,8 @@ class Request:
         if plan is not None:
             kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
             self.drafter.stats.record_accepted(kept)
-            if self.estimates is not None and len(self.estimates):
-                self.drafter.tree_chances.observe(self.estimates, on_path(plan.draft, written[:kept]))
+            if self.estimates is not None and len(self.estimates[0]):
+                self.drafter.tree_chances.observe(*self.estimates, on_path(plan.draft, written[:kept]))
         self.last, self.estimates = None, None
         self.drafter.extend(written)
         if self.slots is not None:  # the plan (if any, and of a chain) resolved against the tokens as written

@@ -33,6 +33,7 @@ from lookahead.index.kernels import EMPTY
 
 _warmed_up = False
 NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
+NO_CORRECTION = (NO_VOCAB_LIMIT, np.zeros(0), np.zeros((2, 1)))  # likeliest_nodes' correction that leaves every estimate as it is
 
 
 @njit(cache=True, inline="always")
@@ -332,19 +333,24 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
 
 
 @njit(cache=True)
-def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, out_nodes, out_chances):
+def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_nodes, out_estimates, out_chances):
     """Writes the `max_tree_nodes` non-root nodes the model likeliest writes the root path of, likeliest first,
-    to out_nodes, their chances to out_chances; returns how many.
+    to out_nodes, each one's estimate to out_estimates and its chance to out_chances; returns how many.
 
-    A node's chance is its parent's times the chance that the model's next token after the parent
+    A node's estimate is its parent's times the chance that the model's next token after the parent
     is this node's: keep_chance (lookup's, per token: engine.kernels.keep_chance) for the parent's
     heaviest child, the others in proportion to their weight, and the children's together at most
     1. So a chain's j-th token has keep_chance ** j, the chain rule's (sizing.rules.chain_size),
-    and a branch is priced by the weight its candidates carry. A child's chance is below its
-    parent's (keep_chance < 1), and ties go to the earlier-created node (a parent precedes its
-    children): every prefix of the result is closed under parent. O(count log count).
+    and a branch is priced by the weight its candidates carry. Its chance is the estimate plus
+    what such estimates were off by: correction = (first_class, bands, errors), errors[c, b] for
+    the nodes of class c (1: created at or after first_class, the prediction table's; 0: before)
+    whose estimate falls in band b (np.searchsorted(bands, estimate, "right")); clipped to [0, 1]
+    and to at most its parent's chance (a path is no likelier than its prefix). Ties go to the
+    earlier-created node (a parent precedes its children): every prefix of the result is closed
+    under parent. O(count log count).
     """
     _, parent, weight, _, _, _, _ = trie
+    first_class, bands, errors = correction
     if count <= 1:
         return 0
     total = np.zeros(count, dtype=np.float64)  # (count,) per node, its children's summed weight
@@ -353,16 +359,20 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, out_nodes, out_cha
         u = parent[node]
         total[u] += weight[node]
         heaviest[u] = max(heaviest[u], weight[node])
+    estimate = np.empty(count, dtype=np.float64)
     chance = np.empty(count, dtype=np.float64)
-    chance[0] = 1.0
+    estimate[0] = chance[0] = 1.0
     for node in range(1, count):  # parent[node] < node: parents first
         u = parent[node]
         share = weight[node] / total[u] if total[u] > 0.0 else 0.0
-        chance[node] = chance[u] * share * min(1.0, keep_chance * total[u] / heaviest[u]) if heaviest[u] > 0.0 else 0.0
+        estimate[node] = estimate[u] * share * min(1.0, keep_chance * total[u] / heaviest[u]) if heaviest[u] > 0.0 else 0.0
+        corrected = estimate[node] + errors[1 if node >= first_class else 0, np.searchsorted(bands, estimate[node], side="right")]
+        chance[node] = min(max(corrected, 0.0), chance[u])
     order = np.argsort(-chance[1:], kind="mergesort")  # stable: equal chances keep creation order
     taken = min(max_tree_nodes, count - 1)
     for i in range(taken):
         out_nodes[i] = order[i] + 1
+        out_estimates[i] = estimate[order[i] + 1]
         out_chances[i] = chance[order[i] + 1]
     return taken
 
@@ -572,16 +582,20 @@ class DraftTrie:
         slot[nodes] = np.arange(nodes.shape[0])
         return self._token[nodes], slot[self._parent[nodes]]
 
-    def likeliest(self, max_tree_nodes: int, keep_chance: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(token ids, parent indices, chances) of the max_tree_nodes nodes the model likeliest writes the root path
-        of, likeliest first (see the kernel likeliest_nodes): every prefix is a tree, parents before children, -1 the root."""
+    def likeliest(self, max_tree_nodes: int, keep_chance: float, correction=None) -> tuple[np.ndarray, ...]:
+        """(token ids, parent indices, chances, estimates, table) of the max_tree_nodes nodes the model likeliest
+        writes the root path of, likeliest first (see the kernel likeliest_nodes; `correction` its (first_class,
+        bands, errors), None: chances are the estimates): every prefix is a tree, parents before children, -1 the
+        root; `table` (bool) marks the nodes created at or after first_class."""
+        correction = NO_CORRECTION if correction is None else correction
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
+        estimates = np.empty(nodes.shape[0], dtype=np.float64)
         chances = np.empty(nodes.shape[0], dtype=np.float64)
-        taken = likeliest_nodes(self._arrays, self._count, float(keep_chance), max_tree_nodes, nodes, chances)
+        taken = likeliest_nodes(self._arrays, self._count, float(keep_chance), max_tree_nodes, correction, nodes, estimates, chances)
         nodes = nodes[:taken]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(taken)
-        return self._token[nodes], slot[self._parent[nodes]], chances[:taken]
+        return self._token[nodes], slot[self._parent[nodes]], chances[:taken], estimates[:taken], nodes >= correction[0]
 
     def _reserve(self, capacity: int) -> None:
         if capacity <= self._token.shape[0]:

@@ -198,7 +198,7 @@ class FixedCosts:
     def at(self, rows):
         return self.line
 
-    def observe(self, rows, width, seconds, *, tree=False, host=0.0):
+    def observe(self, rows, width, seconds, *, tree=False, host=0.0, gain=1.0):
         pass
 
     def observe_prefill(self, rows, tokens, seconds):

@@ -10,7 +10,7 @@ import torch
 
 from lookahead.bench import e2e, traces
 from lookahead.bench.cli import main
-from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
+from lookahead.sizing.cost import LoopCosts
 
 TINY_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
 VOCAB = 50
@@ -51,7 +51,8 @@ def test_traces_bench_rows_are_complete_and_exact_in_both_dtypes(tiny, tmp_path,
         if choice["tree_over_chain"] is None:
             assert choice["drafts"] == "undecided", choice
         else:
-            assert (choice["drafts"] == "trees") == (choice["tree_over_chain"] <= TREE_MAX_OVER_CHAIN), choice
+            limit = max(LoopCosts.TREE_MAX_OVER_CHAIN, min(choice["tree_gain"], LoopCosts.TREE_MAX_PROMISED))
+            assert (choice["drafts"] == "trees") == (choice["tree_over_chain"] <= limit), choice
     rows = out["results"]
     assert [(r["file"], r["dtype"], r["method"]) for r in rows] == [
         (f, d, m) for d in ("float32", "bfloat16") for f in ("a.jsonl", "b.jsonl") for m in CORE

@@ -15,7 +15,7 @@ from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, Step
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.predictions import TreeChances
-from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_nodes, tree_size
+from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
 from tests.models import SHARED, tiny_model
 from tests.reference import KeepRate as MirrorKeepRate
 
@@ -150,14 +150,34 @@ def test_tree_size_is_the_first_best_count_of_likeliest_nodes():
     assert tree_size(chances, LineCost(0.5)) == 0  # every token dear: a plain step
 
 
-def test_tree_chances_learn_what_each_band_of_estimates_keeps():
+def test_a_trees_gain_is_its_expected_tokens_per_price_over_its_chains():
+    chain = 0.5 ** np.arange(1, 5)  # a chain's nodes: kept with 0.5 each, given those before
+    assert tree_gain(chain, 0.5, 4, LineCost(200.0)) == pytest.approx(1.0)  # the same nodes: no gain
+    wider = np.concatenate([chain, [0.3, 0.2]])  # and two branches
+    free, dear = CostCurve(np.ones(66)), LineCost(0.5)
+    assert tree_gain(wider, 0.5, 4, free) == pytest.approx((1 + wider.sum()) / (1 + chain.sum()))
+    assert tree_gain(wider, 0.5, 4, dear) == pytest.approx((1 + wider.sum()) / dear.cost(1, 7) / ((1 + chain.sum()) / dear.cost(1, 5)))
+    assert tree_gain(wider, 0.5, 4, dear) < 1.0 < tree_gain(wider, 0.5, 4, free)
+
+
+def test_tree_chances_learn_what_each_band_of_estimates_keeps_per_source():
     chances = TreeChances()
+
+    def corrected(estimates, table):
+        _, bands, errors = chances.correction(0)
+        return np.clip(estimates + errors[np.asarray(table, dtype=np.int64), np.searchsorted(bands, estimates, side="right")], 0, 1)
+
     estimates = np.array([0.002, 0.05, 0.5])
-    assert chances.chances(estimates).tolist() == pytest.approx([0.002 + TreeChances.PRIOR_ERROR[0], 0.05, 0.5])  # the prior's guess
-    for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated
-        chances.observe(np.array([0.002] * 20 + [0.5]), np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1)]))
-    assert chances.chances(estimates).tolist() == pytest.approx([0.05, 0.05, 0.25], abs=0.02)
-    assert chances.chances(np.array([0.001, 0.99])).min() >= 0.0 and chances.chances(np.array([0.99])).max() <= 1.0
+    prior = TreeChances.PRIOR_ERROR
+    assert corrected(estimates, [0, 0, 1]).tolist() == pytest.approx([0.002 + prior[0], 0.05 + prior[2], 0.5 + prior[-1]])  # the prior's guess
+    for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated; the table's likely one never
+        chances.observe(np.array([0.002] * 20 + [0.5, 0.5]), np.array([False] * 21 + [True]),
+                        np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1), False]))
+    assert corrected(estimates, [0, 0, 0]).tolist() == pytest.approx([0.05, 0.05 + prior[2], 0.25], abs=0.02)
+    shrunk = (0.5 + prior[-1]) * TreeChances.PRIOR_NODES / (1000 + TreeChances.PRIOR_NODES)  # the table's: never kept, the prior's pull left
+    assert corrected(np.array([0.002, 0.5]), [1, 1]).tolist() == pytest.approx([0.002 + prior[0], shrunk])
+    assert corrected(np.array([0.001, 0.99]), [0, 1]).min() >= 0.0 and corrected(np.array([0.99]), [0]).max() <= 1.0
+    assert chances.correction(7)[0] == 7
 
 
 def test_calibration_is_relative_to_one_token_and_cached():
@@ -465,8 +485,8 @@ def test_the_batch_line_starts_from_the_batched_prefill_and_first_plain_step():
 
 
 def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
-    cheap, dear, busy = LoopCosts(SECONDS), LoopCosts(SECONDS), LoopCosts(SECONDS)
-    for costs in (cheap, dear, busy):
+    cheap, dear, busy, promising = LoopCosts(SECONDS), LoopCosts(SECONDS), LoopCosts(SECONDS), LoopCosts(SECONDS)
+    for costs in (cheap, dear, busy, promising):
         for step in range(LoopCosts.CHAIN_SAMPLES + 1):  # first a chain step's host work (the first step is a warm-up)
             assert not costs.tree_trial() and costs.trees() is None
             costs.observe(1, 4, SECONDS[2], host=0.01 if step else 1.0)
@@ -474,9 +494,12 @@ def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
     for step in range(LoopCosts.TREE_SAMPLES + 1):  # the first tree step is a warm-up
         assert cheap.trees() is None and dear.trees() is None and busy.trees() is None
         cheap.observe(1, 16, 0.24 * 1.02, tree=True, host=0.01)  # the calibrated chain of width 16 takes 0.24 s
-        dear.observe(1, 16, 0.24 * 1.30, tree=True, host=0.01)
-        busy.observe(1, 16, 0.24, tree=True, host=0.01 + 0.25 * 0.08)  # the forward a chain's, the host's work dearer
-    assert cheap.trees() is True and dear.trees() is False and busy.trees() is False
+        dear.observe(1, 16, 0.24 * 1.30, tree=True, host=0.01, gain=1.5)  # a promise covers no more than TREE_MAX_PROMISED
+        busy.observe(1, 16, 0.24, tree=True, host=0.01 + 0.25 * 0.08, gain=1.05)  # the forward a chain's, the host's work dearer
+        promising.observe(1, 16, 0.24 * 1.08, tree=True, host=0.01, gain=1.07 + 0.1 * (step % 2))  # its trees promise more
+    assert cheap.trees() is True and dear.trees() is False and busy.trees() is False and promising.trees() is True
+    assert promising.tree_gain == pytest.approx(1.17) and busy.tree_gain == pytest.approx(1.05)  # the steps' median (the first not counted)
+    assert dear.tree_gain == pytest.approx(1.5) and dear.tree_ratio() > LoopCosts.TREE_MAX_PROMISED
     assert cheap.tree_ratio() == pytest.approx((0.24 * 1.02 + 0.01) / 0.25) and busy.tree_ratio() == pytest.approx(1.08)
     assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
     before = cheap.curve.seconds_at(48)

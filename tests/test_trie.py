@@ -69,7 +69,7 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
 
 
 def likeliest_reference(expected: dict, keep_chance: float) -> dict:
-    """{path: chance} of every node: its parent's chance times keep_chance for the heaviest of its siblings, the
+    """{path: estimate} of every node: its parent's estimate times keep_chance for the heaviest of its siblings, the
     others in proportion to their weight, the siblings together at most 1."""
     chance = {(): 1.0}
     for path in sorted(expected, key=len):
@@ -80,22 +80,42 @@ def likeliest_reference(expected: dict, keep_chance: float) -> dict:
     return chance
 
 
-@settings(max_examples=200, deadline=None)
-@given(candidates=candidate_lists, depth=st.integers(1, 6), max_tree_nodes=st.integers(1, 40), keep_chance=st.sampled_from([0.3, 0.7, 0.99]))
-def test_likeliest_nodes_come_likeliest_first_and_every_prefix_is_a_tree(candidates, depth, max_tree_nodes, keep_chance):
-    trie = DraftTrie()
-    for tokens, weight in candidates:
-        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), depth)
-    expected = likeliest_reference(node_weights(trie), keep_chance)
-    ids, parents, chances = trie.likeliest(max_tree_nodes, keep_chance)
-    assert ids.shape[0] == chances.shape[0] == min(max_tree_nodes, len(expected))
-    assert all(p < i for i, p in enumerate(parents.tolist()))  # parents first: every prefix is closed under parent
+def created(trie: DraftTrie) -> dict:
+    """{path: the node's creation number (1: the first node after the root)}."""
+    ids, parents, _ = trie.nodes()
     paths = []
     for token, parent in zip(ids.tolist(), parents.tolist()):
         paths.append((paths[parent] if parent >= 0 else ()) + (token,))
-    assert chances.tolist() == pytest.approx([expected[p] for p in paths])
-    assert (np.diff(chances) <= 0).all()  # likeliest first
-    assert sorted(chances.tolist(), reverse=True) == pytest.approx(sorted(expected.values(), reverse=True)[: len(paths)])
+    return {path: i + 1 for i, path in enumerate(paths)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(candidates=candidate_lists, depth=st.integers(1, 6), max_tree_nodes=st.integers(1, 40), keep_chance=st.sampled_from([0.3, 0.7, 0.99]),
+       first_class=st.integers(1, 12), errors=st.lists(st.sampled_from([-0.3, -0.05, 0.0, 0.02, 0.2]), min_size=6, max_size=6))
+def test_likeliest_nodes_come_likeliest_first_and_every_prefix_is_a_tree(candidates, depth, max_tree_nodes, keep_chance, first_class,
+                                                                          errors):
+    trie = DraftTrie()
+    for tokens, weight in candidates:
+        trie.add(np.array(tokens, dtype=np.int64), np.array([0]), np.array([weight]), depth)
+    estimate = likeliest_reference(node_weights(trie), keep_chance)
+    bands, errors = np.array([0.1, 0.5]), np.array(errors).reshape(2, 3)
+    node = created(trie)
+    expected = {}  # the corrected chance: estimate + its (class, band) error, within [0, 1] and its parent's chance
+    for path in sorted(estimate, key=len):
+        corrected = estimate[path] + errors[int(node[path] >= first_class), np.searchsorted(bands, estimate[path], side="right")]
+        expected[path] = min(max(corrected, 0.0), expected.get(path[:-1], 1.0))
+    for correction, want in ((None, estimate), ((first_class, bands, errors), expected)):
+        ids, parents, chances, estimates, table = trie.likeliest(max_tree_nodes, keep_chance, correction)
+        assert ids.shape[0] == chances.shape[0] == estimates.shape[0] == table.shape[0] == min(max_tree_nodes, len(estimate))
+        assert all(p < i for i, p in enumerate(parents.tolist()))  # parents first: every prefix is closed under parent
+        paths = []
+        for token, parent in zip(ids.tolist(), parents.tolist()):
+            paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+        assert chances.tolist() == pytest.approx([want[p] for p in paths])
+        assert estimates.tolist() == pytest.approx([estimate[p] for p in paths])
+        assert table.tolist() == [correction is not None and node[p] >= first_class for p in paths]
+        assert (np.diff(chances) <= 0).all()  # likeliest first
+        assert sorted(chances.tolist(), reverse=True) == pytest.approx(sorted(want.values(), reverse=True)[: len(paths)])
 
 
 def test_a_chains_likeliest_nodes_have_the_chain_rules_chances():
@@ -103,7 +123,7 @@ def test_a_chains_likeliest_nodes_have_the_chain_rules_chances():
     trie.add(np.array([5, 6, 7], dtype=np.int64), np.array([0]), np.array([1.0]), 3)
     assert trie.likeliest(8, 0.5)[2].tolist() == pytest.approx([0.5, 0.25, 0.125])  # keep_chance ** j
     trie.add(np.array([9], dtype=np.int64), np.array([0]), np.array([1.0]), 1)  # an equal sibling: the two share the parent's whole chance
-    ids, _, chances = trie.likeliest(8, 0.9)
+    ids, _, chances, _, _ = trie.likeliest(8, 0.9)
     assert ids.tolist()[:2] == [5, 9] and chances.tolist()[:2] == pytest.approx([0.5, 0.5])
 
 

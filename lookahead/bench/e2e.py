@@ -31,7 +31,6 @@ from lookahead.bench import workloads as wl
 from lookahead.bench.replay import TRACE_VOCAB_SIZE, TraceRequest, replay_lookahead
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
-from lookahead.integrations.generate import TREE_MAX_OVER_CHAIN
 from lookahead.bench.traces import (
     Task, build_model, describe, force_reference, forced_options, forced_trace_task, load_model, parse_dtypes, read_traces, shape_for,
 )
@@ -103,13 +102,15 @@ def run_bench(args) -> int:
 
 def tree_choice(model) -> dict:
     """What `tree=None` drafted on `model` by the end of the runs ("trees", "chains", or "undecided"
-    where no three tree steps were timed) and the ratio it decided by (LoopCosts.tree_ratio: our
-    tree steps over chain steps of their width, as the process's calls learnt them)."""
+    where too few tree steps were timed) and what it decided by (LoopCosts.trees): the ratio of our
+    tree steps over chain steps of their width, as the process's calls learnt them, and what their
+    trees promised over their chains."""
     if tree_support(model) is not None:
-        return {"drafts": "chains", "tree_over_chain": None}
-    ratio = loop_costs(model).tree_ratio()
-    drafts = "undecided" if ratio is None else "trees" if ratio <= TREE_MAX_OVER_CHAIN else "chains"
-    return {"drafts": drafts, "tree_over_chain": None if ratio is None else round(ratio, 3)}
+        return {"drafts": "chains", "tree_over_chain": None, "tree_gain": None}
+    costs = loop_costs(model)
+    ratio, trees = costs.tree_ratio(), costs.trees()
+    drafts = "undecided" if trees is None else "trees" if trees else "chains"
+    return {"drafts": drafts, "tree_over_chain": None if ratio is None else round(ratio, 3), "tree_gain": round(costs.tree_gain, 3)}
 
 
 def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:

@@ -43,17 +43,7 @@ from lookahead.integrations.support import (
 )
 from lookahead.integrations.verify import build_block, forward_block, greedy_choices, id_tensor, stop_index, top_ids, walk
 from lookahead.request import Request
-from lookahead.sizing.cost import StepCosts
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
-
-# tree=None drafts trees where our step over a tree (its explicit mask built, the kept path
-# gathered into the cache) costs at most this many times our step over a chain of its width
-# (sizing.cost.LoopCosts.trees: learnt from the call's first tree steps, or a calibration's
-# 16-node tree over 16-token chain): a sized tree's worth is hedging at a chain's price, a few
-# percent of tokens per unit of verify cost at most (notes/README.md: trees over chains), which a
-# dearer mask path or the host work around it (where the forward is fast) loses; differences
-# within NOISE are not measurable.
-TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
 
 
 @dataclass
@@ -106,8 +96,9 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         assistant: the same, under the name transformers' custom_generate convention uses.
         tree: draft trees, or chains (default: where the family supports trees, unsized
             drafts are trees, and sized ones are where our tree steps cost no more than chain
-            steps of their width, within TREE_MAX_OVER_CHAIN: learnt from the first few tree
-            steps of the process, or decided by lookahead.verify_costs' calibration).
+            steps of their width, within the noise or what their trees promise (LoopCosts.trees):
+            learnt from the first few tree steps of the process, or decided by lookahead.verify_costs'
+            calibration).
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
         tokenizer: needed for `stop_strings`.
@@ -244,7 +235,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
                 costs.observe_prefill(len(active), block.tokens.shape[1], window)
             else:
                 costs.observe(len(active), block.tokens.shape[1], window, tree=block.is_tree,
-                              host=time.perf_counter() - step_start - window)
+                              host=time.perf_counter() - step_start - window, gain=plans[0].gain)
         active, first = [active[r] for r in going], False
     return record, cache
 
@@ -257,16 +248,13 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
     verifies none: B x L tokens are compute-bound, so drafts cost their share there (a
     (4, 257) prefill measured 8% slower than (4, 256)) for at most one step saved."""
     rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
-    if costs is None:  # unsized: whole drafts
-        if tree:
-            return [row.request.plan(room, tree=True, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
-        return [row.request.plan(room) for row, room in zip(active, rooms)]
+    if costs is None or len(active) == 1:  # unsized: whole drafts; one row: its chain that pays, or its likeliest nodes that do
+        cost = None if costs is None else costs.at(1)
+        return [row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
     chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (grow_tree)
-    if first and len(active) > 1:
+    if first:
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
-    if tree and len(active) == 1:  # one row: the likeliest nodes, as many as pay
-        return [active[0].request.commit_tree(chains[0], cost, options.max_tree_nodes)]
     chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
     rates = [row.request.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
     sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
@@ -347,9 +335,9 @@ def _options(model, input_ids, config: GenerationConfig, stopping_criteria, tree
 
 def step_trees(tree: bool | None, costs, rows: int) -> bool:
     """Whether a step (not the prefill) drafts a tree. tree=None (the family takes trees): unsized,
-    trees; sized, where our tree steps, the host's work included, cost at most TREE_MAX_OVER_CHAIN
-    times a chain step of their width (costs.trees()), and, until that is known, one-row steps try
-    trees once a chain step's host work is timed (costs.tree_trial(): the process's first few chain,
+    trees; sized, where our tree steps, the host's work included, cost what a chain step of their
+    width does within the noise, or within what their trees promise (costs.trees()), and, until that
+    is known, one-row steps try trees once a chain step's host work is timed (costs.tree_trial(): the process's first few chain,
     then tree steps are what decides; a sized tree costs what its chain does under the curve)."""
     if tree is not None:
         return tree

@@ -360,7 +360,14 @@ class LoopCosts:
         head_ratio: as StepCosts's, for the priors drawn from prefills (the curve's and the line's).
     """
 
-    TREE_SAMPLES = 3  # tree steps timed before trees() decides, without a calibration
+    TREE_SAMPLES = 5  # tree steps timed before trees() decides, without a calibration
+    # Trees where a tree step costs at most this many times a chain step of its width: differences within NOISE are
+    # not measurable (a sized tree's worth is hedging at a chain's price, a few percent of tokens per unit of verify
+    # cost where the sizer's promise is small; notes/README.md: trees over chains) ...
+    TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
+    # ... or up to what its plans promised over their chains (tree_gain, the sizer's belief at the first tree steps,
+    # a fresh drafter's), up to this much: a belief drawn from a few steps outweighs no larger measured cost.
+    TREE_MAX_PROMISED = 1 + 2 * StepCosts.NOISE
     CHAIN_SAMPLES = 4  # one-row chain steps whose host seconds are timed before the tree steps are
 
     def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):
@@ -370,6 +377,8 @@ class LoopCosts:
         self.batch_warm = False  # a plain batched step was taken (the first is not learnt from)
         self.tree_over_chain = tree_over_chain
         self.tree_ratios = []  # one-row tree steps' seconds over a chain step's of their width, host work included
+        self.tree_gains = []  # and what their plans promised over their chains' (StepPlan.gain)
+        self.tree_gain = 1.0  # the median of tree_gains once decided (1.0: unknown, as with a calibration's ratio)
         self.tree_warm = False  # a tree step was taken (the first is not learnt from)
         self.chain_hosts = []  # one-row chain steps' host seconds, the first included, until 1 + CHAIN_SAMPLES
 
@@ -386,10 +395,10 @@ class LoopCosts:
         elif self.line is None and tokens > 1:
             self.batch_prefill = (rows * tokens, seconds)
 
-    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False, host: float = 0.0) -> None:
+    def observe(self, rows: int, width: int, seconds: float, *, tree: bool = False, host: float = 0.0, gain: float = 1.0) -> None:
         """Learns from a step over a (rows, width) block whose forward (with the block built and
         walked) took `seconds`, and the loop's other work for it (planning, bookkeeping) `host`;
-        `tree`: the block was a tree."""
+        `tree`: the block was a tree, whose plan promised `gain` (StepPlan.gain)."""
         if rows > 1:
             if self.line is None and self.batch_prefill is not None and width == 1:
                 if not self.batch_warm:  # the first plain batched step carries its shape's one-time costs
@@ -411,8 +420,10 @@ class LoopCosts:
         elif self.curve.calibrated is not None and self.trees() is None and self.chain_host is not None:
             if self.tree_warm:
                 self.tree_ratios.append((seconds + host) / (self.curve.seconds_at(width) + self.chain_host))
+                self.tree_gains.append(gain)
                 if len(self.tree_ratios) == self.TREE_SAMPLES:  # decided: read at every step from here on
                     self.tree_over_chain = float(np.median(self.tree_ratios))
+                    self.tree_gain = float(np.median(self.tree_gains))
             self.tree_warm = True  # the first tree step: the mask path's one-time costs, not learnt from
 
     @property
@@ -431,6 +442,8 @@ class LoopCosts:
         return self.tree_over_chain
 
     def trees(self) -> bool | None:
-        """Whether a tree step costs at most 1 + NOISE times a chain step of its width (None: not known yet)."""
+        """Whether a tree step costs at most TREE_MAX_OVER_CHAIN times a chain step of its width, or at most what
+        its trees promised over their chains (tree_gain) within TREE_MAX_PROMISED (None: not known yet)."""
         ratio = self.tree_ratio()
-        return None if ratio is None else bool(ratio <= 1 + StepCosts.NOISE)
+        limit = max(self.TREE_MAX_OVER_CHAIN, min(self.tree_gain, self.TREE_MAX_PROMISED))
+        return None if ratio is None else bool(ratio <= limit)

@@ -56,6 +56,17 @@ def best_tree(chances, costs):  # pragma: no cover (compiled)
     return best
 
 
+def tree_gain(chances, keep_chance: float, chain_tokens: int, cost) -> float:
+    """What a one-row tree of nodes with these `chances` (tree_size's pick) promises over `chain_tokens` tokens of its
+    chain (chain_size's, each kept with `keep_chance` given those before): expected tokens per step price under
+    `cost`, the tree's over the chain's. Above 1 the tree, priced as a chain of its width, writes more a second;
+    a tree step that costs more than that chain (LoopCosts) pays while its extra cost stays below this."""
+    costs = cost.one_row(max(len(chances), chain_tokens) + 1)
+    a = min(keep_chance, MAX_CHANCE)
+    chain = (1 - a ** (chain_tokens + 1)) / (1 - a) / costs[chain_tokens + 1]
+    return float((1.0 + np.sum(chances)) / costs[len(chances) + 1] / chain)
+
+
 def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> int:
     """Nodes of a tree worth verifying where a chain would verify `chain_size` tokens.
 
