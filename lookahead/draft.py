@@ -44,6 +44,19 @@ class Draft:
     def __len__(self) -> int:
         return self.token_ids.shape[0]
 
+    @property
+    def is_chain(self) -> bool:
+        """Whether every node follows the one before it (parents [-1, 0, ..., n - 2]).
+
+        Cost: O(1) for `chain`'s drafts and their prefixes (views of the shared parents from their start: a view's
+        base is the array it views); else O(n): as parents[i] <= i - 1, their sum reaches a chain's, n (n - 3) / 2,
+        only where every one is i - 1.
+        """
+        parents, n = self.parents, self.parents.shape[0]
+        if n < 2 or (parents.base is _CHAIN_PARENTS and parents[0] == -1 and parents.strides == _CHAIN_PARENTS.strides):  # a prefix of it
+            return True
+        return int(parents.sum()) == n * (n - 3) // 2
+
     @classmethod
     def chain(cls, token_ids: np.ndarray, match_len: int = 0) -> "Draft":
         n = token_ids.shape[0]

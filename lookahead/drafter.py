@@ -339,7 +339,7 @@ class LookupDrafter:
         self.index.extend(token_ids)
         if self._read_table and start:
             self.rank_chances.observe(self.predictions, self.index.tokens, start)
-        if len(self.index) > start:  # resolves lookup's first token of a tree draft, if one is pending
+        if self.lead_chances.pending is not None and len(self.index) > start:  # resolves lookup's first token of a tree draft
             self.lead_chances.written(int(self.index.tokens[start]))
 
     def reads_predictions(self, *, tree: bool) -> bool:

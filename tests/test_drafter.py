@@ -108,6 +108,18 @@ def test_draft_chain_parents():
     assert Draft.chain(np.array([5, 6, 7])).parents.tolist() == [-1, 0, 1]
 
 
+def test_draft_is_chain():
+    chain = Draft.chain(np.arange(5))
+    assert chain.is_chain and chain.prefix(3).is_chain and chain.prefix(0).is_chain
+    assert Draft.chain(np.arange(300)).is_chain  # past the shared parents: its own
+    assert Draft(np.arange(3), np.array([-1, 0, 1])).is_chain  # a chain's parents, not the shared array's view
+    assert not Draft(np.arange(3), np.array([-1, 0, 0])).is_chain
+    assert not Draft(np.arange(3), np.array([-1, -1, 1])).is_chain
+    shared = Draft.chain(np.arange(8)).parents.base
+    assert not Draft(np.arange(3), shared[2:5]).is_chain  # a view of the shared parents not from its start: [1, 2, 3]
+    assert not Draft(np.arange(3), shared[0:6:2]).is_chain  # nor at their stride: [-1, 1, 3]
+
+
 def root_paths(draft):
     """Every root-to-node path of a draft tree, as tuples of token ids."""
     paths = []

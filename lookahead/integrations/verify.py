@@ -59,7 +59,7 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     for context, draft in zip(contexts, drafts):
         n = len(draft)
         ids.append(context[-u:] + draft.token_ids.tolist())
-        if is_chain(draft.parents):
+        if draft.is_chain:
             parents.append(list(range(-1, u + n - 1)))
             depths.append(None)
             continue
@@ -122,13 +122,6 @@ def id_tensor(ids: list) -> torch.Tensor:
     """Token ids (a list of ints, or of equal-length lists) as an int64 tensor on the CPU, through numpy:
     torch.tensor reads Python ints 8x slower (1,500 ids: 123 µs against 16)."""
     return torch.from_numpy(np.array(ids, dtype=np.int64))
-
-
-def is_chain(parents: np.ndarray) -> bool:
-    """Whether a draft's parents ((n,), parents[i] < i) are a chain's, [-1, 0, ..., n - 2]: as parents[i] <= i - 1
-    for each i, their sum reaches the chain's, n (n - 3) / 2, only where every one is i - 1."""
-    n = parents.shape[0]
-    return n < 2 or int(parents.sum()) == n * (n - 3) // 2
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
@@ -204,7 +197,7 @@ def greedy_choices(logits: torch.Tensor, processors, do_sample: bool, record) ->
     first of equal maxima (and the first NaN), as plain generate's torch.argmax does."""
     if do_sample or len(processors) or record is not None:
         return None
-    if logits.device.type == "cpu":
+    if logits.is_cpu:  # (a tensor's device.type builds a device object: 2 µs a step)
         return (logits if logits.dtype == torch.float32 else logits.float()).numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()
 
