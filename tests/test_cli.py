@@ -233,7 +233,11 @@ def test_bench_blend_needs_a_model_and_reports_every_source(capsys):
                  "--methods", "blend", "--json"]) == 0  # lookup, the baseline, always among them
     tpot = json.loads(capsys.readouterr().out)["tpot"]
     assert {r["source"] for r in tpot} == {"lookup (default drafter)", "blend (default drafter)"} and "over_plain_min" not in tpot[0]
-    with pytest.raises(ValueError, match="plain, lookup and blend"):
+    assert main(["bench", "--blend", "--time-blend", "--model", str(stories), "--requests", "1", "--max-new-tokens", "8",
+                 "--methods", "unsized", "--json"]) == 0  # the blend's whole trees, every node verified
+    tpot = json.loads(capsys.readouterr().out)["tpot"]
+    assert [r["source"] for r in tpot[:2]] == ["lookup (default drafter)", "blend unsized (whole trees)"] and tpot[1]["tau"] >= 1.0
+    with pytest.raises(ValueError, match="plain, lookup, blend and unsized"):
         timed_methods("greedy")
 
 

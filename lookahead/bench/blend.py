@@ -125,18 +125,26 @@ def forward_cost(model, fixed_ms: float, per_token_ms: float):
         torch.set_num_threads(threads)
 
 
-TIMED = {"plain": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend"}  # --time-blend's methods: name -> source
+# --time-blend's methods: name -> what drafts (a source of the default drafter; unsized: the blend's whole trees, every
+# node verified, as --blend's tau grid drafts them); the default's, all but unsized.
+TIMED = {"plain": None, "lookup (default drafter)": "lookup", "blend (default drafter)": "blend", "blend unsized (whole trees)": "unsized"}
 
 
 def timed_methods(spec: str | None) -> dict:
-    """--time-blend's methods from a comma list of TIMED's names or sources (plain, lookup, blend); lookup always among them."""
+    """--time-blend's methods from a comma list of TIMED's names or what drafts (plain, lookup, blend, unsized); lookup
+    always among them; None: plain, lookup and blend."""
     if spec is None:
-        return dict(TIMED)
+        return {name: source for name, source in TIMED.items() if source != "unsized"}
     asked = {part.strip() for part in spec.split(",") if part.strip()}
     unknown = asked - set(TIMED) - {"plain", *filter(None, TIMED.values())}
     if unknown:
-        raise ValueError(f"--time-blend's methods are plain, lookup and blend, got {', '.join(sorted(unknown))}")
+        raise ValueError(f"--time-blend's methods are plain, lookup, blend and unsized, got {', '.join(sorted(unknown))}")
     return {name: source for name, source in TIMED.items() if source == "lookup" or name in asked or (source or "plain") in asked}
+
+
+def timed_drafter(source: str):
+    """A fresh drafter for a --time-blend method drafting from `source` (TIMED's values but plain's)."""
+    return drafter_for("blend", cost_aware=False) if source == "unsized" else drafter_for(source)
 
 
 def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: bool = True, sample: bool = False,
@@ -157,12 +165,12 @@ def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: boo
     produced = [0] * len(prompts)
     counts = {name: [0, 0] for name in names}  # tokens, steps of the drafted methods
     for k in range(repeats):
-        drafters = {name: drafter_for(source) for name, source in names.items() if source is not None}
+        drafters = {name: timed_drafter(source) for name, source in names.items() if source is not None}
         for i, ids in enumerate(prompts):
             for name, source in names.items():
                 drafter = None
                 if source is not None:
-                    drafter = drafters[name] if kept else drafter_for(source)
+                    drafter = drafters[name] if kept else timed_drafter(source)
                 torch.manual_seed(i)
                 start = time.perf_counter()
                 if drafter is None:

@@ -87,7 +87,7 @@ def add_bench_arguments(parser) -> None:
     parser.add_argument("--methods", default=None,
                         help="a comma list of the methods to time, by the names the table prints (greedy and "
                              "'hf prompt lookup k=16' always among them; default: the core four, every one with --variants; with "
-                             "--time-blend: plain, lookup, blend, lookup always among them)")
+                             "--time-blend: plain, lookup, blend, unsized (the blend's whole trees), lookup always among them)")
     parser.add_argument("--shape", choices=["0.5b", "quick", "8b", "tiny"], default=None,
                         help="the forced model's shape: Qwen2-0.5B's (the default), a 60M one (as --quick), Llama-3.1-8B's (for a GPU) "
                              "or a 1-layer toy (dry runs); "
