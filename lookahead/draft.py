@@ -78,7 +78,7 @@ class StepPlan:
     `draft` is `chain.prefix(size)`, or a tree with the nodes that cost what `size` chain
     tokens would; the keep rate learns from the chain either way (engine.kernels.learn_row).
     `gain`: a one-row sized tree's expected tokens per step price over its chain's
-    (sizing.rules.tree_gain; 1.0 for any other plan).
+    (sizing.rules.tree_gain, where the loop asked: Request.commit_tree's promise; else 1.0).
     """
 
     chain: Draft

@@ -97,27 +97,31 @@ class Request:
             kernels.plan_row(self.slots.state(), 0, chain.token_ids, len(chain), size, chain.match_len, self.position)
         return plan
 
-    def plan(self, room: int, cost=None, *, tree: bool = False, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> StepPlan:
+    def plan(self, room: int, cost=None, *, tree: bool = False, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES,
+             promise: bool = False) -> StepPlan:
         """One row's step: the chain cut to what verifying it pays under `cost` (sizing.cost; None or unsized:
-        whole), or with `tree` the tree of the nodes that cost as much (unsized: the drafter's whole tree)."""
+        whole), or with `tree` the tree of the nodes that cost as much (unsized: the drafter's whole tree);
+        `promise`: a sized tree's plan carries its gain (commit_tree)."""
         drafter = self.drafter
         if tree and (cost is None or self.slots is None):
             whole = drafter.propose_tree(room, max_tree_nodes=max_tree_nodes)
             return self.commit(whole.prefix(0), 0, whole)
         chain = drafter.propose(room, hedged=tree)
         if tree:
-            return self.commit_tree(chain, cost, max_tree_nodes)
+            return self.commit_tree(chain, cost, max_tree_nodes, promise=promise)
         size = len(chain) if cost is None or self.slots is None or not len(chain) else chain_size(self.keep_chance(chain), len(chain), cost)
         return self.commit(chain, size)
 
-    def commit_tree(self, chain: Draft, cost, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> StepPlan:
+    def commit_tree(self, chain: Draft, cost, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES, *, promise: bool = False) -> StepPlan:
         """A one-row tree step, sized: of the candidates `chain` was drawn from (propose(..., hedged=True)), the
-        likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`."""
+        likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`.
+        `promise`: the plan's gain is the tree's over its chain's (sizing.rules.tree_gain), else 1.0 (only the
+        tree trial reads it: LoopCosts.observe)."""
         chance = self.keep_chance(chain)
         tree, chances, (estimates, table) = self.drafter.likeliest_tree(max_tree_nodes, chance)
         nodes = tree_size(chances, cost)
         size = chain_size(chance, len(chain), cost) if len(chain) else 0
-        plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost))
+        plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost) if promise else 1.0)
         self.estimates = (estimates[:nodes], table[:nodes])
         return plan
 

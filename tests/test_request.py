@@ -68,6 +68,10 @@ def test_a_sized_tree_step_verifies_the_likeliest_nodes_that_pay_and_learns_what
     estimates, table = request.estimates
     assert roots == [3, 4] and len(plan.draft) == len(estimates) >= 4 and (np.diff(estimates) <= 0).all() and not table.any()
     assert len(request.commit_tree(request.propose(8, hedged=True), LineCost(0.1)).draft) == 0  # every token dear: a plain step
+    assert plan.gain == 1.0  # not asked: only the tree trial reads it
+    promised = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0), promise=True)
+    assert promised.gain > 1.0 and promised.draft.token_ids.tolist() == plan.draft.token_ids.tolist()  # nearly free: more than the chain, the same tree
+    request.discard()
     plan = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0))
     before = request.drafter.tree_chances.nodes.sum()
     request.verified([4, 1, 7], accepted=2)  # the model kept 4, 1 and wrote 7

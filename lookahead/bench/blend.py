@@ -159,8 +159,8 @@ def measure_tpot(model, prompts, *, max_new_tokens: int, repeats: int, kept: boo
     names = dict(TIMED) if names is None else names
     options = dict(do_sample=True, temperature=TEMPERATURE, top_k=0) if sample else dict(do_sample=False)
     model.generate(prompts[0][:, :8], max_new_tokens=8, **options)  # warm: torch's first shapes
-    for source in ("lookup", "blend"):  # the kernels, the costs' first steps
-        lookahead.generate(model, prompts[0][:, :8], drafter=drafter_for(source), max_new_tokens=8, **options)
+    for source in dict.fromkeys(filter(None, names.values())):  # the kernels, the costs' first steps
+        lookahead.generate(model, prompts[0][:, :8], drafter=timed_drafter(source), max_new_tokens=8, **options)
     seconds = {name: [[0.0] * len(prompts) for _ in range(repeats)] for name in names}
     produced = [0] * len(prompts)
     counts = {name: [0, 0] for name in names}  # tokens, steps of the drafted methods

@@ -250,7 +250,9 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
     rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
     if costs is None or len(active) == 1:  # unsized: whole drafts; one row: its chain that pays, or its likeliest nodes that do
         cost = None if costs is None else costs.at(1)
-        return [row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes) for row, room in zip(active, rooms)]
+        promise = costs is not None and costs.trees() is None  # the tree trial weighs what its plans promise
+        return [row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes, promise=promise)
+                for row, room in zip(active, rooms)]
     chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (grow_tree)
     if first:
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
