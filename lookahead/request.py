@@ -53,7 +53,7 @@ class Request:
         self.slots: Slots | None = None  # sized: slot 0 holds the keep rate and the pending chain
         self._new_slot()
         self.last: StepPlan | None = None  # the plan of the step being verified
-        self.estimates = None  # its tree's nodes' estimated chances and which are the table's (commit_tree), learnt from once verified
+        self.estimates = None  # its likeliest tree, nodes verified, estimated chances, which are the table's (commit_tree): learnt from once verified
         self.position = 0  # tokens the drafter had seen when `last` was drafted
 
     def _new_slot(self) -> None:
@@ -116,13 +116,14 @@ class Request:
         """A one-row tree step, sized: of the candidates `chain` was drawn from (propose(..., hedged=True)), the
         likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`.
         `promise`: the plan's gain is the tree's over its chain's (sizing.rules.tree_gain), else 1.0 (only the
-        tree trial reads it: LoopCosts.observe)."""
+        tree trial reads it: LoopCosts.observe). Once verified, the drafter's tree chances learn from the nodes the
+        step tells the truth of (told_nodes)."""
         chance = self.keep_chance(chain)
         tree, chances, (estimates, table) = self.drafter.likeliest_tree(max_tree_nodes, chance)
         nodes = tree_size(chances, cost)
         size = chain_size(chance, len(chain), cost) if len(chain) else 0
         plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost) if promise else 1.0)
-        self.estimates = (estimates[:nodes], table[:nodes])
+        self.estimates = (tree, nodes, estimates, table)
         return plan
 
     def verified(self, written, accepted: int | None = None, checked: int | None = None, predicted=None) -> None:
@@ -134,8 +135,11 @@ class Request:
         if plan is not None:
             kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
             self.drafter.stats.record_accepted(kept)
-            if self.estimates is not None and len(self.estimates[0]):
-                self.drafter.tree_chances.observe(*self.estimates, on_path(plan.draft, written[:kept]))
+            if self.estimates is not None:
+                tree, nodes, estimates, table = self.estimates
+                told, kept_paths = told_nodes(tree, nodes, written, kept)
+                if len(told):
+                    self.drafter.tree_chances.observe(estimates[told], table[told], kept_paths)
         self.last, self.estimates = None, None
         self.drafter.extend(written)
         if self.slots is not None:  # the plan (if any, and of a chain) resolved against the tokens as written
@@ -157,6 +161,24 @@ class Request:
         if self.slots is not None:
             tokens = self.drafter.tokens
             kernels.settle_row(self.slots.state(), 0, tokens, tokens.shape[0])
+
+
+def told_nodes(tree: Draft, nodes: int, written: list[int], kept: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which nodes of a sized step's likeliest `tree` (of which it verified the first `nodes`) the step told the truth
+    of, and whether the model wrote each one's path: (indexes, bool).
+
+    The verified nodes, and, where `written` holds the model's own token after the `kept` drafted ones, the frontier:
+    the unverified nodes whose parent was verified (or is the root). The model wrote a token after every kept node
+    and none after the others, so each frontier node was written or not, as surely as a verified one. Which nodes
+    form the frontier is fixed before the step, so they are a fair sample of the nodes a sizer weighs next: a
+    thin node the sizer never buys is still learnt from. Deeper unverified nodes are left out: whether a node below
+    the model's own token is written is not yet told, and counting only those told would favour the unwritten.
+    """
+    told = np.arange(nodes)
+    if len(written) > kept:
+        frontier = np.flatnonzero(tree.parents[nodes:] < nodes) + nodes
+        told = np.concatenate([told, frontier])
+    return told, on_path(tree, written[: kept + 1])[told]
 
 
 def on_path(draft: Draft, kept: list[int]) -> np.ndarray:

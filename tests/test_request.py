@@ -8,7 +8,7 @@ import pytest
 from lookahead import LookupDrafter, TokenStore
 from lookahead.engine import kernels
 from lookahead.draft import Draft
-from lookahead.request import Request, on_path
+from lookahead.request import Request, on_path, told_nodes
 from lookahead.sizing.cost import CostCurve, LineCost
 from tests.reference import KeepRate
 
@@ -65,8 +65,8 @@ def test_a_sized_tree_step_verifies_the_likeliest_nodes_that_pay_and_learns_what
     request.start([1, 2, 3, 1, 2, 4, 1, 2])  # after [1, 2]: 3 or 4, each continued
     plan = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0))  # verifying nearly free: every node
     roots = plan.draft.token_ids[plan.draft.parents == -1].tolist()
-    estimates, table = request.estimates
-    assert roots == [3, 4] and len(plan.draft) == len(estimates) >= 4 and (np.diff(estimates) <= 0).all() and not table.any()
+    tree, nodes, estimates, table = request.estimates
+    assert roots == [3, 4] and len(plan.draft) == nodes == len(tree) >= 4 and (np.diff(estimates) <= 0).all() and not table.any()
     assert len(request.commit_tree(request.propose(8, hedged=True), LineCost(0.1)).draft) == 0  # every token dear: a plain step
     assert plan.gain == 1.0  # not asked: only the tree trial reads it
     promised = request.commit_tree(request.propose(8, hedged=True), LineCost(1000.0), promise=True)
@@ -77,6 +77,30 @@ def test_a_sized_tree_step_verifies_the_likeliest_nodes_that_pay_and_learns_what
     request.verified([4, 1, 7], accepted=2)  # the model kept 4, 1 and wrote 7
     assert request.drafter.tree_chances.nodes.sum() == before + len(plan.draft) and request.estimates is None
     assert request.stats.accepted == 2
+
+
+def test_a_step_tells_its_verified_nodes_and_their_frontier():
+    # 3 -> 5 -> 8, 4 -> 6, 4 -> 5; the step verified the first two nodes (3 and 4)
+    tree = Draft(np.array([3, 4, 5, 6, 5, 8]), np.array([-1, -1, 0, 1, 1, 2]))
+    told, written = told_nodes(tree, 2, [4, 5], kept=1)  # kept 4, then wrote 5: 4 -> 5 written, 4 -> 6 and 3 -> 5 not
+    assert told.tolist() == [0, 1, 2, 3, 4] and written.tolist() == [False, True, False, False, True]  # 8: its parent unverified
+    told, written = told_nodes(tree, 2, [4], kept=1)  # stopped after 4: the model's next token untold, so no frontier
+    assert told.tolist() == [0, 1] and written.tolist() == [False, True]
+    told, written = told_nodes(tree, 0, [3], kept=0)  # a plain step still tells the root's children
+    assert told.tolist() == [0, 1] and written.tolist() == [True, False]
+
+
+def test_a_sized_tree_step_learns_from_the_nodes_it_did_not_buy():
+    request = Request(LookupDrafter(predictions=False), sized=True)
+    request.start([1, 2, 3, 1, 2, 4, 1, 2])
+    plan = request.commit_tree(request.propose(8, hedged=True), LineCost(0.1))  # every token dear: a plain step
+    tree, _, estimates, _ = request.estimates
+    roots = np.flatnonzero(tree.parents == -1)
+    assert len(plan.draft) == 0 and len(tree) >= 4 and tree.token_ids[roots].tolist() in ([3, 4], [4, 3])
+    request.verified([4])  # the model wrote 4: of the root's children, 4 written, 3 not
+    chances = request.drafter.tree_chances
+    assert chances.nodes.sum() == 2  # the frontier alone: nothing deeper
+    assert chances.error.sum() == pytest.approx((tree.token_ids[roots] == 4).sum() - estimates[roots].sum())
 
 
 def test_on_path_marks_the_nodes_a_step_kept():
