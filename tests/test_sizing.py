@@ -438,6 +438,20 @@ def test_unseeded_costs_price_no_draft_until_the_prefill_and_a_plain_step_draw_t
     assert costs.relative()[[11, 12]] == pytest.approx([1.2, 1.3])
 
 
+def test_seen_widths_far_enough_apart_price_the_unseen_ones_by_their_own_line():
+    costs = StepCosts()
+    costs.observe_prefill(1, 21, 0.1 + 20 * 0.01)  # a short prefill: the chord adds 0.01 s a token
+    taught(costs, 1, 0.1)
+    taught(costs, 9, 0.1 + 8 * 0.002)  # the steps: 0.002 s a token
+    assert costs.relative()[[10, 17]] == pytest.approx([1.26, 1.96])  # seen widths 8 apart: the chord's 0.01 beyond them
+    taught(costs, 1 + StepCosts.FIT_SPAN, 0.1 + StepCosts.FIT_SPAN * 0.002)
+    assert costs.relative()[[5, 40]] == pytest.approx([1.08, 1.78])  # 16 apart: their line's 0.002, between and beyond
+    seeded = StepCosts(SECONDS)
+    taught(seeded, 1, SECONDS[0])
+    taught(seeded, 1 + StepCosts.FIT_SPAN, SECONDS[0] + StepCosts.FIT_SPAN * 0.002)
+    assert seeded.relative()[40] == pytest.approx((0.132 + 0.48 - 0.25) / 0.10)  # a calibration's prior (0.25 s at 17, 0.48 at 40): kept
+
+
 def test_the_chord_adds_the_output_layer_that_the_prefill_did_not_score():
     costs = StepCosts(head_ratio=2.0)  # scoring a token costs twice the rest of its forward
     costs.observe_prefill(1, 201, 2.1)  # the prompt's 201 tokens in 2.1 s, its last one scored
@@ -503,9 +517,9 @@ def test_trees_are_decided_by_the_tree_steps_measured_against_the_chain_curve():
     assert cheap.tree_ratio() == pytest.approx((0.24 * 1.02 + 0.01) / 0.25) and busy.tree_ratio() == pytest.approx(1.08)
     assert LoopCosts(SECONDS, tree_over_chain=1.2).trees() is False  # a calibration's ratio decides at once
     before = cheap.curve.seconds_at(48)
-    for _ in range(5):  # decided for trees: tree steps teach the curve their width, at their seconds over the ratio less the host's
-        cheap.observe(1, 48, cheap.tree_ratio() * (2 * before + 0.01) - 0.01, tree=True, host=0.01)
-    assert cheap.curve.seen[48] and cheap.curve.seconds[48] == pytest.approx(2 * before)
+    for _ in range(5):  # decided for trees: tree steps teach the curve their width as they cost, the host's work over a chain's included
+        cheap.observe(1, 48, 2 * before, tree=True, host=0.01 + 0.003)
+    assert cheap.curve.seen[48] and cheap.curve.seconds[48] == pytest.approx(2 * before + 0.003)  # not over the trial's ratio
     dear.observe(1, 48, 1.3 * 2 * before, tree=True)  # decided against trees: its tree steps teach nothing
     assert not dear.curve.seen[48] and dear.curve.seconds_at(48) == pytest.approx(before)
 

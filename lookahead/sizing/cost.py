@@ -108,7 +108,11 @@ class StepCosts(CostCurve):
     width is priced by its own steps. A width not yet seen is the nearest seen narrower one
     plus the prior's extra seconds between the two (a wider block adds compute, which the
     context length barely changes, while a plain step's time grows with the context), and
-    never dearer than a seen wider one (it computes less). No monotone smoothing: a wider
+    never dearer than a seen wider one (it computes less). Unseeded, once the seen widths span
+    FIT_SPAN or more, that extra is the least-squares line's through the seen widths' prices instead
+    of the chord's: the chord is drawn from one short prefill (a few ms over a dozen tokens, its
+    per-call costs included), and read 2-3x the seconds per token the steps show where tokens
+    are nearly free, so that no width past those seen looked worth trying, and none was learnt. No monotone smoothing: a wider
     block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
     priced as that narrower block, so the sizer verifies the wider one.
 
@@ -134,6 +138,7 @@ class StepCosts(CostCurve):
     """
 
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
+    FIT_SPAN = 16  # seen widths this far apart price the unseen ones by their own line (unseeded)
 
     def __init__(self, seconds=None, *, decay: float = 0.8, head_ratio: float = 0.0):
         if not head_ratio >= 0:
@@ -220,15 +225,18 @@ class StepCosts(CostCurve):
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
             return Unpriced().one_row(last)
         if self._priced is None:
-            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE)
+            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE,
+                                        self.FIT_SPAN if self.seed is None else 0)
         return self._priced[: last + 1] if last < self._priced.shape[0] else extend_linearly(self._priced, last)
 
 @njit(cache=True)
-def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragma: no cover (compiled)
+def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise, fit_span):  # pragma: no cover (compiled)
     """StepCosts' relative costs[n], n in 0..128 (index 0: costs[1]): each width up to 64 from its anchor's seconds
     plus the prior's extra seconds between the two, never dearer than its cap's (a seen wider block); a seen width
-    within `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide). Beyond 64,
-    along the last segment (extend_linearly's rule: a 64-token chain's sizer reads width 65)."""
+    within `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide). Where the
+    seen widths span `fit_span` or more (0: never), the extra seconds are the least-squares slope's over the seen
+    widths' levelled seconds (at least 0) instead of the prior's. Beyond 64, along the last segment
+    (extend_linearly's rule: a 64-token chain's sizer reads width 65)."""
     top = seconds.shape[0] - 1
     levelled = seconds.copy()
     level = -1.0
@@ -237,10 +245,22 @@ def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise):  # pragm
             levelled[w] = min(levelled[w], level)  # within noise of a narrower seen block: no dearer
         else:
             level = levelled[w]
+    slope = -1.0  # the fitted seconds per width (-1: the prior's differences)
+    n = seen_widths.shape[0]
+    if fit_span > 0 and n > 1 and seen_widths[n - 1] - seen_widths[0] >= fit_span:
+        mean_w = mean_s = 0.0
+        for w in seen_widths:
+            mean_w += w / n
+            mean_s += levelled[w] / n
+        covariance = variance = 0.0
+        for w in seen_widths:
+            covariance += (w - mean_w) * (levelled[w] - mean_s)
+            variance += (w - mean_w) ** 2
+        slope = max(covariance / variance, 0.0)
     out = np.empty(2 * top + 1)
     for w in range(1, top + 1):
         a, c = anchor[w], cap[w]
-        e = levelled[a] + calibrated[w] - calibrated[a]
+        e = levelled[a] + (calibrated[w] - calibrated[a] if slope < 0 else slope * (w - a))
         if c != NO_CAP and levelled[c] < e:
             e = levelled[c]
         out[w] = max(e, 1e-9)
@@ -348,9 +368,11 @@ class LoopCosts:
     tree steps after the first. The loop takes those chain steps, then those tree steps, while
     `trees()` is None (`tree_trial()`); a tree costs what its chain does under the curve, so trying
     one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
-    the loop steps only trees: each teaches the curve its width's price (its seconds over the
-    ratio, less what its host work adds), so wide blocks are priced by the steps that take them,
-    not by the prior alone.
+    the loop steps only trees, and the sizer prices them by the curve: each teaches the curve its
+    width's price as it costs (its seconds, and its host work beyond a chain step's), so wide blocks
+    are priced by the steps that take them, not by the prior alone. (Not by its seconds over the
+    trial's ratio: that ratio is read against the curve's prior where the trial's widths were
+    unseen, and, applied to every later tree step, priced trees up to 8% over plain steps.)
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
@@ -414,9 +436,8 @@ class LoopCosts:
             self.curve.observe(rows, width, seconds)
             if len(self.chain_hosts) <= self.CHAIN_SAMPLES:
                 self.chain_hosts.append(host)
-        elif self.trees():  # decided for trees: a tree step prices a chain of its width (its seconds, less its host work's share)
-            chain = seconds / self.tree_ratio() if self.chain_host is None else (seconds + host) / self.tree_ratio() - self.chain_host
-            self.curve.observe(rows, width, max(chain, 1e-9))
+        elif self.trees():  # decided for trees: a tree step prices its width as it costs (its host work over a chain step's included)
+            self.curve.observe(rows, width, seconds if self.chain_host is None else max(seconds + host - self.chain_host, 1e-9))
         elif self.curve.calibrated is not None and self.trees() is None and self.chain_host is not None:
             if self.tree_warm:
                 self.tree_ratios.append((seconds + host) / (self.curve.seconds_at(width) + self.chain_host))
