@@ -15,7 +15,7 @@ from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, Step
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.predictions import TreeChances
-from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
+from lookahead.sizing.rules import TREE_WORTH_TOLERANCE, chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
 from tests.models import SHARED, tiny_model
 from tests.reference import KeepRate as MirrorKeepRate
 
@@ -136,13 +136,16 @@ def test_tree_nodes_cost_no_more_than_the_chain_would():
     assert tree_nodes(0, 64, CostCurve(steep)) == 0
 
 
-def test_tree_size_is_the_first_best_count_of_likeliest_nodes():
+def test_tree_size_is_the_widest_count_of_likeliest_nodes_within_the_tolerance_of_the_best():
     rng = np.random.default_rng(3)
     for _ in range(300):
-        curve = CostCurve(np.concatenate([[1.0], np.maximum.accumulate(1 + rng.uniform(0, 0.3, 65).round(1))]))
+        curve = CostCurve(np.concatenate([[1.0], np.maximum.accumulate(1 + rng.uniform(0, 0.3, 65).round(2))]))
         chances = np.sort(rng.uniform(0, 1, int(rng.integers(0, 65))) ** 3)[::-1]
         worth = (1 + np.concatenate([[0.0], np.cumsum(chances)])) / curve.cost(1, np.arange(1, chances.shape[0] + 2))
-        assert tree_size(chances, curve) == int(np.argmax(worth))
+        assert tree_size(chances, curve) == np.flatnonzero(worth >= worth.max() * (1 - TREE_WORTH_TOLERANCE))[-1]
+    flat = np.array([0.5] + [0.006] * 63)  # a GPU's price: past the first node, each adds about what it costs
+    worth = (1 + np.concatenate([[0.0], np.cumsum(flat)])) / LineCost(200.0).cost(1, np.arange(1, 66))
+    assert int(np.argmax(worth)) == 1 and 10 < tree_size(flat, LineCost(200.0)) < 64  # nearly as worth it: the wider
     chances = np.array([0.6, 0.3, 0.05, 0.01])
     assert tree_size(chances, CostCurve(np.ones(66))) == 4  # verifying free: every node that may be written
     assert tree_size(chances, LineCost(200.0)) == 4  # a GPU at one row (20 ms a step, 0.1 ms a token)

@@ -35,25 +35,36 @@ def best_chain(a, available, costs):  # pragma: no cover (compiled)
     return best
 
 
+# A sized tree takes the widest of the sizes whose worth is within this share of the best. Where verifying is nearly
+# free the worth is flat over dozens of nodes, and the thin nodes' chances read low: at 20 ms + 0.1 ms a token (a
+# stand-in), nodes the sizer priced at 1-2% were written 1.5-2.2% of the time, fresh drafters greedy (notes/trees-2026-12-06.md).
+# Where tokens cost, the worth falls fast past the best: a few nodes more, at most this share of the speed.
+TREE_WORTH_TOLERANCE = 0.02
+
+
 def tree_size(chances, cost) -> int:
-    """How many nodes of a tree a one-row step verifies: argmax_N (1 + sum(chances[:N])) / cost(1, N + 1), the first of
-    equals, `chances` each node's chance that the model writes its path, likeliest first (DraftTrie.likeliest): the
-    chain rule (chain_size) for a tree, whose N likeliest nodes are the tree of most expected tokens at N.
-    Where verifying is nearly free (a GPU at one row) that is every node the model may write; where every
-    token costs, the few it likely does. A kernel, as chain_size."""
+    """How many nodes of a tree a one-row step verifies: of N whose worth (1 + sum(chances[:N])) / cost(1, N + 1) is
+    within TREE_WORTH_TOLERANCE of the best, the largest; `chances` each node's chance that the model writes its path,
+    likeliest first (DraftTrie.likeliest): the chain rule (chain_size) for a tree, whose N likeliest nodes are the
+    tree of most expected tokens at N. Where verifying is nearly free (a GPU at one row) that is every node the
+    model may write; where every token costs, the few it likely does. A kernel, as chain_size."""
     chances = np.asarray(chances, dtype=np.float64)
-    return best_tree(chances, cost.one_row(chances.shape[0] + 1))
+    return best_tree(chances, cost.one_row(chances.shape[0] + 1), TREE_WORTH_TOLERANCE)
 
 
 @njit(cache=True)
-def best_tree(chances, costs):  # pragma: no cover (compiled)
-    best, best_worth, expected = 0, 1.0 / costs[1], 1.0
-    for n in range(1, chances.shape[0] + 1):
-        expected += chances[n - 1]
-        worth = expected / costs[n + 1]
-        if worth > best_worth:
-            best, best_worth = n, worth
-    return best
+def best_tree(chances, costs, tolerance):  # pragma: no cover (compiled)
+    n = chances.shape[0]
+    worth = np.empty(n + 1)
+    worth[0], expected = 1.0 / costs[1], 1.0
+    for i in range(1, n + 1):
+        expected += chances[i - 1]
+        worth[i] = expected / costs[i + 1]
+    bar = worth.max() * (1.0 - tolerance)
+    for i in range(n, -1, -1):
+        if worth[i] >= bar:
+            return i
+    return 0
 
 
 def tree_gain(chances, keep_chance: float, chain_tokens: int, cost) -> float:
