@@ -109,12 +109,11 @@ class StepCosts(CostCurve):
     plus the prior's extra seconds between the two (a wider block adds compute, which the
     context length barely changes, while a plain step's time grows with the context), and
     never dearer than a seen wider one (it computes less). Unseeded, once the seen widths span
-    FIT_SPAN or more, that extra is the least-squares line's through the seen widths' prices instead
-    of the chord's: the chord is drawn from one short prefill (a few ms over a dozen tokens, its
-    per-call costs included), and read 2-3x the seconds per token the steps show where tokens
-    are nearly free, so that no width past those seen looked worth trying, and none was learnt. No monotone smoothing: a wider
-    block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost is
-    priced as that narrower block, so the sizer verifies the wider one.
+    FIT_SPAN or more, that extra is the least-squares line's through the seen widths' prices
+    instead of the chord's: the chord is drawn from one short prefill (its per-call costs
+    included), and an overpriced width is never tried, so never learnt. No monotone smoothing:
+    a wider block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost
+    is priced as that narrower block, so the sizer verifies the wider one.
 
     Cost: the first `one_row` after an `observe` prices the 65 widths in one compiled call
     (price_widths); `observe` is an array update, and a numpy pass over the widths the first time
@@ -370,9 +369,8 @@ class LoopCosts:
     one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
     the loop steps only trees, and the sizer prices them by the curve: each teaches the curve its
     width's price as it costs (its seconds, and its host work beyond a chain step's), so wide blocks
-    are priced by the steps that take them, not by the prior alone. (Not by its seconds over the
-    trial's ratio: that ratio is read against the curve's prior where the trial's widths were
-    unseen, and, applied to every later tree step, priced trees up to 8% over plain steps.)
+    are priced by the steps that take them, not by the prior alone (not by its seconds over the
+    trial's ratio, which was read against the prior's prices of then unseen widths).
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens

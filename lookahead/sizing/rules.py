@@ -35,10 +35,9 @@ def best_chain(a, available, costs):  # pragma: no cover (compiled)
     return best
 
 
-# A sized tree takes the widest of the sizes whose worth is within this share of the best. Where verifying is nearly
-# free the worth is flat over dozens of nodes, and the thin nodes' chances read low: at 20 ms + 0.1 ms a token (a
-# stand-in), nodes the sizer priced at 1-2% were written 1.5-2.2% of the time, fresh drafters greedy (notes/trees-2026-12-06.md).
-# Where tokens cost, the worth falls fast past the best: a few nodes more, at most this share of the speed.
+# A sized tree takes the widest of the sizes whose worth is within this share of the best: where verifying is nearly
+# free the worth is flat over dozens of nodes and the thin nodes' chances read low (docs/design.md, section 5); where
+# tokens cost, the worth falls fast past the best, so it adds a node or so, at most this share of the expected speed.
 TREE_WORTH_TOLERANCE = 0.02
 
 
