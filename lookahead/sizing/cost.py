@@ -68,6 +68,10 @@ class CostCurve:
         """cost(1, n) for n in 0..last (index 0 unused)."""
         return extend_linearly(self.costs[: last + 1], last)
 
+    def measured(self, width: int) -> bool:
+        """Whether a one-row block of `width` tokens is priced by measurement (a fixed curve: always)."""
+        return True
+
     @property
     def fixed_cost_tokens(self) -> float:
         if self._fixed is None:
@@ -87,41 +91,29 @@ def extend_linearly(costs: np.ndarray, last: int) -> np.ndarray:
 class StepCosts(CostCurve):
     """A cost curve learnt from the loop's own one-row steps, width by width.
 
-    Seeded with calibrated seconds at SIZES (linear in between), or with none: then the
-    prior is the chord through the call's first plain step and its prefill
-    (`observe_prefill`: L tokens in one forward), t(w) = t(1) + (1 + head_ratio) (t(L) - t(1)) (w - 1) / (L - 1),
-    which no forward pass beyond the call's own costs. A prefill scores its last token only
-    (logits_to_keep) while a verify step scores every token, so each extra token also costs the
-    output layer: `head_ratio` is its compute per token over the rest of the forward's (on
-    Qwen2-0.5B's shape at a 128k vocabulary 0.3; on a 60M model there, 2.2). Block costs are flat where the
-    weights' transfer dominates and grow linearly where compute does, so the chord lies on
-    or above them (the prefill's one-time warm-up and its attention over L tokens only
-    steepen it): a conservative start. Until both points are in, every drafted width is
-    unpriced (UNPRICED: plain steps).
+    A width's price is the least of its last WINDOW step times (after its first step, which
+    carries torch's one-time costs for that shape): load and stalls only ever add time, so one
+    stalled step does not make a width dear, and the least of a few recent steps follows a real
+    change (a longer context) within WINDOW steps. A width not stepped at for MAX_AGE one-row
+    steps is forgotten and priced again as unseen, so a price learnt under a burst of load is
+    tried again (`chain_size`'s probe tries it when a sure draft wants it).
 
-    Each step the loop reports (width, seconds) and that width keeps an exponential average of
-    its steps after the first (a process's first forward at a new shape carries one-time costs:
-    kernel selection, JIT-compiled kernels, allocations; taken as its price, the width would
-    never be tried again):
-    block costs are not smooth in the width (float32 on a CPU, measured at a 0.5B shape: 3
-    tokens cost 3.0x one, 4 cost 2.0x, 8 cost 1.8x: the BLAS picks a kernel per shape), so a
-    width is priced by its own steps. A width not yet seen is the nearest seen narrower one
-    plus the prior's extra seconds between the two (a wider block adds compute, which the
-    context length barely changes, while a plain step's time grows with the context), and
-    never dearer than a seen wider one (it computes less). Unseeded, once the seen widths span
-    FIT_SPAN or more, that extra is the least-squares line's through the seen widths' prices
-    instead of the chord's: the chord is drawn from one short prefill (its per-call costs
-    included), and an overpriced width is never tried, so never learnt. No monotone smoothing:
-    a wider block measured cheaper stays cheaper, and one within NOISE of a narrower block's cost
-    is priced as that narrower block, so the sizer verifies the wider one.
+    An unseen width is the nearest seen narrower one plus the prior's extra seconds between the
+    two, never dearer than a seen wider one. The prior: a calibration's seconds at SIZES (seeded),
+    or the chord through the plain step and the prefills, t(w) = t(1) + s (w - 1), s the least
+    of the prefills' (1 + head_ratio) (t(L) - t(1)) / (L - 1) (the prefill scored its last token
+    only; each verified token also costs the output layer: `head_ratio`). Block costs are flat
+    where moving the weights dominates and linear where compute does, so the chord lies on or
+    above them: a conservative start. Unseeded, once two widths are seen, the extra is the least
+    of the chord's and the seen widths' own robust line's (Theil-Sen). A seen width within NOISE of a
+    narrower seen drafted width's price is priced as the narrower one. Until a prefill and a plain step
+    are in, every drafted width is UNPRICED (plain steps). docs/design.md, section 4.
 
-    Cost: the first `one_row` after an `observe` prices the 65 widths in one compiled call
-    (price_widths); `observe` is an array update, and a numpy pass over the widths the first time
-    a width is seen.
+    Cost: `observe` is an array update; the first `one_row` after it prices the 65 widths in one
+    compiled call (price_widths, about 2 µs).
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
-        decay: weight of the old average when a width is observed again.
         head_ratio: what scoring a token costs over what the rest of its forward does, where the
             prefill scored its last token only (0: the prefill scored every token).
 
@@ -131,37 +123,50 @@ class StepCosts(CostCurve):
         True
         >>> costs.observe_prefill(1, 101, 1.1)  # the prefill: 101 tokens in 1.1 s
         >>> costs.observe(1, 1, 0.3)  # the first plain step: torch's one-time costs, not learnt from
-        >>> costs.observe(1, 1, 0.1)  # a plain step: 0.1 s; the chord adds 0.01 s per token
+        >>> costs.observe(1, 1, 0.1); costs.observe(1, 1, 0.1)  # plain steps: 0.1 s; the chord adds 0.01 s per token
         >>> round(float(costs.one_row(11)[11]), 6)
         2.0
+        >>> for seconds in (0.4, 0.19, 5.0, 0.2):  # 11 tokens, a stall among them
+        ...     costs.observe(1, 11, seconds)
+        >>> round(float(costs.one_row(11)[11]), 6)  # the least of their steps after the first
+        1.9
     """
 
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
-    FIT_SPAN = 16  # seen widths this far apart price the unseen ones by their own line (unseeded)
+    WINDOW = 4  # a width is priced by the least of its last WINDOW steps
+    MAX_AGE = 32  # a width not stepped at for this many one-row steps is priced as unseen
+    MEASURED = 2  # a width priced by this many of its steps is measured (chain_size probes no further)
+    LEAST_BLOCK = 0.8  # no block costs less than this share of a plain step (the least measured: 0.92, bfloat16, 2 tokens)
 
-    def __init__(self, seconds=None, *, decay: float = 0.8, head_ratio: float = 0.0):
+    def __init__(self, seconds=None, *, head_ratio: float = 0.0):
         if not head_ratio >= 0:
             raise ValueError(f"head_ratio must be >= 0, got {head_ratio!r}")
         self.head_ratio = float(head_ratio)
         self.seed = None if seconds is None else np.asarray(seconds, dtype=np.float64)  # (len(SIZES),) calibrated seconds
         if self.seed is not None and (self.seed.shape != (len(SIZES),) or not (self.seed > 0).all()):
             raise ValueError(f"seconds must be {len(SIZES)} positive times, got {self.seed.tolist()}")
+        widths = SIZES[-1] + 1
         # (65,) arrays, index 0 unused, priced by one kernel call (price_widths) after each observe.
         # calibrated: the prior's seconds per width; None until the chord is known.
-        self.calibrated = None if self.seed is None else np.interp(np.arange(SIZES[-1] + 1), SIZES, self.seed)
-        self.seconds = self.calibrated.copy() if self.calibrated is not None else np.zeros(SIZES[-1] + 1)  # learnt seconds where seen
-        self.seen = np.zeros(SIZES[-1] + 1, dtype=np.bool_)  # a width learnt from its steps
-        self.warm = [False] * (SIZES[-1] + 1)  # a width stepped once (its one-time costs paid)
-        self.prefill = None  # (tokens, seconds) of a one-row prefill, until the chord is drawn from it
-        self.decay = decay
+        self.calibrated = None if self.seed is None else np.interp(np.arange(widths), SIZES, self.seed)
+        self.recent = np.full((widths, self.WINDOW), np.inf)  # (width, WINDOW) its last steps' seconds, a ring
+        self.steps = np.zeros(widths, dtype=np.int64)  # steps learnt from per width
+        self.last = np.zeros(widths, dtype=np.int64)  # the one-row step count at a width's last step
+        self.clock = 0  # one-row steps observed
+        self.seconds = self.calibrated.copy() if self.calibrated is not None else np.zeros(widths)  # learnt seconds where seen
+        self.seen = np.zeros(widths, dtype=np.bool_)  # a width priced by its own recent steps (MEASURED or more)
+        self.once = np.full(widths, np.inf)  # an unseen width's one step: a cap on its price
+        self.warm = np.zeros(widths, dtype=np.bool_)  # a width stepped once (its one-time costs paid)
+        self.prefill = None  # (tokens, seconds) of a one-row prefill not yet drawn into the chord
+        self.slope = np.inf  # the chord's least seconds per extra token so far
         self._anchors()
         self._fixed = None
         self._priced: np.ndarray | None = None  # one_row(64) until the next observe (a step reads it two or three times)
 
     def observe_prefill(self, rows: int, tokens: int, seconds: float) -> None:
         """Learns from a one-row forward over `tokens` uncached tokens (a prefill) that took `seconds`:
-        the far end of the unseeded prior's chord (other shapes, and a seeded curve, ignore it)."""
-        if rows == 1 and self.calibrated is None and tokens > 1:
+        the unseeded prior's chord is the least slope of the prefills seen (other shapes, and a seeded curve, ignore it)."""
+        if rows == 1 and self.seed is None and tokens > 1:
             self.prefill = (tokens, seconds)
             self._chord()
 
@@ -169,11 +174,15 @@ class StepCosts(CostCurve):
         if self.prefill is None or not self.seen[1]:
             return
         tokens, seconds = self.prefill
+        self.prefill = None
         one = self.seconds[1]
         slope = max(seconds - one, 0.0) / (tokens - 1) * (1 + self.head_ratio)
+        if slope >= self.slope:
+            return
+        self.slope = slope
         self.calibrated = one + slope * (np.arange(SIZES[-1] + 1) - 1.0)
         self.seconds = np.where(self.seen, self.seconds, self.calibrated)
-        self._anchors()
+        self._priced = None
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         """Learns from a one-row step over `width` tokens (beyond 64: as 64) that took `seconds`
@@ -181,19 +190,40 @@ class StepCosts(CostCurve):
         if rows != 1:
             return
         w = min(max(width, 1), SIZES[-1])
+        self.clock += 1
         if not self.warm[w]:  # the first step at a width carries torch's one-time costs for that shape: not learnt from
             self.warm[w] = True
             return
+        self.recent[w, self.steps[w] % self.WINDOW] = seconds
+        self.steps[w] += 1
+        self.last[w] = self.clock
+        least = self.recent[w].min()
         if self.seen[w]:
-            self.seconds[w] = self.decay * float(self.seconds[w]) + (1 - self.decay) * seconds
-        else:
-            self.seconds[w] = seconds
-            self.seen[w] = True
+            self.seconds[w] = least
+        else:  # until MEASURED steps, one step only caps the width's price: a stall would make it dear
+            self.once[w] = least
+        if w > 1 and self.seen[1]:  # a plain step's own steps may all have stalled, and drafting steps never tell it again
+            self.seconds[1] = min(self.seconds[1], least / self.LEAST_BLOCK)
+        stale = self.seen & (self.clock - self.last > self.MAX_AGE)
+        if (not self.seen[w] and self.steps[w] >= self.MEASURED) or stale.any():
+            if not self.seen[w] and self.steps[w] >= self.MEASURED:
+                self.seen[w], self.seconds[w], self.once[w] = True, least, np.inf
+            if stale.any():  # forgotten: priced as unseen, and its old steps no longer count
+                self.seen[stale] = False
+                self.recent[stale] = np.inf
+                self.steps[stale] = 0
+                if self.calibrated is not None:
+                    self.seconds[stale] = self.calibrated[stale]
             self._anchors()
-            if self.calibrated is None:
-                self._chord()
+            self._chord()
         self._fixed = None  # priced again when next read
         self._priced = None
+
+    def measured(self, width: int) -> bool:
+        """Whether a one-row block of `width` tokens (beyond 64: as 64) is priced by MEASURED or more recent steps
+        of its own (the least of two is a stall's only where both stalled); before anything is priced, every width
+        (nothing to probe: plain steps until a prefill and a plain step are in)."""
+        return self.calibrated is None or bool(self.steps[min(max(width, 1), SIZES[-1])] >= self.MEASURED)
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
@@ -224,44 +254,48 @@ class StepCosts(CostCurve):
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
             return Unpriced().one_row(last)
         if self._priced is None:
-            self._priced = price_widths(self.seconds, self._seen_widths, self._anchor, self._cap, self.calibrated, self.NOISE,
-                                        self.FIT_SPAN if self.seed is None else 0)
+            self._priced = price_widths(self.seconds, self.once, self._seen_widths, self._anchor, self._cap, self.calibrated,
+                                        self.NOISE, self.seed is None)
         return self._priced[: last + 1] if last < self._priced.shape[0] else extend_linearly(self._priced, last)
 
 @njit(cache=True)
-def price_widths(seconds, seen_widths, anchor, cap, calibrated, noise, fit_span):  # pragma: no cover (compiled)
+def price_widths(seconds, once, seen_widths, anchor, cap, calibrated, noise, fit):  # pragma: no cover (compiled)
     """StepCosts' relative costs[n], n in 0..128 (index 0: costs[1]): each width up to 64 from its anchor's seconds
-    plus the prior's extra seconds between the two, never dearer than its cap's (a seen wider block); a seen width
-    within `noise` of a narrower seen width's seconds is priced as that width (levelled narrow to wide). Where the
-    seen widths span `fit_span` or more (0: never), the extra seconds are the least-squares slope's over the seen
-    widths' levelled seconds (at least 0) instead of the prior's. Beyond 64, along the last segment
-    (extend_linearly's rule: a 64-token chain's sizer reads width 65)."""
+    plus the extra seconds between the two, never dearer than its cap's (a seen wider block) nor than `once` (its one
+    step, where it has one); a seen width within
+    `noise` of a narrower seen drafted width's seconds is priced as that width (levelled narrow to wide). The extra:
+    the prior's, or with `fit` and two widths seen, the least of the prior's and the seen widths' own line's (the
+    median pairwise slope of their levelled seconds, Theil-Sen, at least 0): a prior drawn from one stalled prefill
+    is too steep, and the line from a few narrow widths too (on a CPU in float32 they cost most per token). Beyond
+    64, along the last segment (extend_linearly's rule: a 64-token chain's sizer reads width 65)."""
     top = seconds.shape[0] - 1
     levelled = seconds.copy()
     level = -1.0
     for w in seen_widths:
+        if w == 1:  # a drafted width is never levelled to a plain step: else a draft never kept costs nothing
+            continue
         if level >= 0 and levelled[w] <= level * (1 + noise):
             levelled[w] = min(levelled[w], level)  # within noise of a narrower seen block: no dearer
         else:
             level = levelled[w]
-    slope = -1.0  # the fitted seconds per width (-1: the prior's differences)
+    slope = -1.0  # the seen widths' own seconds per width (-1: the prior's differences)
     n = seen_widths.shape[0]
-    if fit_span > 0 and n > 1 and seen_widths[n - 1] - seen_widths[0] >= fit_span:
-        mean_w = mean_s = 0.0
-        for w in seen_widths:
-            mean_w += w / n
-            mean_s += levelled[w] / n
-        covariance = variance = 0.0
-        for w in seen_widths:
-            covariance += (w - mean_w) * (levelled[w] - mean_s)
-            variance += (w - mean_w) ** 2
-        slope = max(covariance / variance, 0.0)
+    if fit and n > 1:
+        pairs = np.empty(n * (n - 1) // 2)  # Theil-Sen: the median of the pairwise slopes, robust to a stalled width
+        k = 0
+        for i in range(n):
+            for j in range(i + 1, n):
+                pairs[k] = (levelled[seen_widths[j]] - levelled[seen_widths[i]]) / (seen_widths[j] - seen_widths[i])
+                k += 1
+        slope = max(np.median(pairs), 0.0)
     out = np.empty(2 * top + 1)
     for w in range(1, top + 1):
         a, c = anchor[w], cap[w]
-        e = levelled[a] + (calibrated[w] - calibrated[a] if slope < 0 else slope * (w - a))
+        e = levelled[a] + (calibrated[w] - calibrated[a] if slope < 0 else min(slope * (w - a), calibrated[w] - calibrated[a]))
         if c != NO_CAP and levelled[c] < e:
             e = levelled[c]
+        if once[w] < e:
+            e = once[w]
         out[w] = max(e, 1e-9)
     one = out[1]
     out[0] = one
@@ -293,6 +327,9 @@ class LineCost:
         """cost(1, n) for n in 0..last (index 0 unused)."""
         h = self.fixed_cost_tokens
         return (h + np.arange(last + 1)) / (h + 1)
+
+    def measured(self, width: int) -> bool:
+        return True
 
 
 class StepCostFit(LineCost):
@@ -346,6 +383,9 @@ class Unpriced:
         costs = np.full(last + 1, UNPRICED)
         costs[:2] = 1.0
         return costs
+
+    def measured(self, width: int) -> bool:
+        return True  # nothing to probe before a step is priced
 
 
 class LoopCosts:

@@ -19,16 +19,40 @@ from numba import njit
 MAX_CHANCE = 0.999  # keep chances are capped below 1: E(n) stays finite
 
 
+# A chain kept with at least this chance is worth verifying wide wherever a wide block is priced right: its
+# expected tokens grow nearly with its width, which costs a fraction of a plain step per token on any hardware
+# measured. So a wider width the sizer has not measured lately is tried (chain_size's probe), never left to a
+# price the prior or a burst of load set.
+SURE = 0.9
+
+
 def chain_size(keep_chance: float, available: int, cost) -> int:
     """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)
-    (the first of equals). A kernel: it runs every step, over up to 65 widths."""
-    return best_chain(min(keep_chance, MAX_CHANCE), available, cost.one_row(available + 1))
+    (the first of equals), drafting only where that beats a plain step's worth by MARGIN. A kernel:
+    it runs every step, over up to 65 widths.
+
+    The probe: a chain kept with chance >= SURE whose best size leaves tokens unverified verifies
+    2n + 1 of them instead where that width's price is not measured (`cost.measured`): one step
+    doubles the widest width tried, and what it costs is then known."""
+    a = min(keep_chance, MAX_CHANCE)
+    n = best_chain(a, available, cost.one_row(available + 1), MARGIN)
+    if a >= SURE and n < available:
+        probe = min(available, 2 * n + 1)
+        if not cost.measured(probe + 1):
+            return probe
+    return n
+
+
+# A draft is verified only where it promises this much more than a plain step: smaller gains are within what
+# step times can tell apart (run-to-run spread), and a width measured level with a plain step by chance would
+# otherwise draft for ever what is never kept.
+MARGIN = 0.05
 
 
 @njit(cache=True)
-def best_chain(a, available, costs):  # pragma: no cover (compiled)
-    best, best_worth = 0, 0.0
-    for n in range(available + 1):
+def best_chain(a, available, costs, margin):  # pragma: no cover (compiled)
+    best, best_worth = 0, (1 + margin) / costs[1]
+    for n in range(1, available + 1):
         worth = (1 - a ** float(n + 1)) / (1 - a) / costs[n + 1]
         if worth > best_worth:
             best, best_worth = n, worth
