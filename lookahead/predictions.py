@@ -210,7 +210,7 @@ class TreeChances:
     such nodes keep (a node any candidate holds is written with some chance of its own); a
     table node the lookup candidates did not hold, priced by the table's rank chances over
     every position, sits where lookup and the table disagree, and is kept far less often than
-    estimated while lookup's are kept more (notes/trees-2026-12-06.md). So the verified nodes are
+    estimated while lookup's are kept more (docs/design.md, section 2's predictions). So the verified nodes are
     counted per source (lookup's, the table's) in bands of their estimate (BANDS), and a
     node's chance is its estimate plus its cell's mean error so far (kept minus estimated,
     per node, shrunk toward PRIOR_ERROR by PRIOR_NODES pseudo-nodes), within [0, 1]
