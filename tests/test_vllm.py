@@ -1032,7 +1032,7 @@ def test_a_collected_proposer_joins_its_thread(monkeypatch):
 
 def test_engine_args_without_vllm_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
-    with pytest.raises(ImportError, match=r'pip install "lookahead-drafts\[vllm\]"'):
+    with pytest.raises(ImportError, match=r'pip install "\.\[vllm\]"'):
         engine_args()
 
 
