@@ -130,7 +130,7 @@ def add_bench_parser(commands) -> argparse.ArgumentParser:
 def add_bench_arguments(parser) -> None:
     workload = parser.add_argument_group("workload", "what is generated, on which model")
     workload.add_argument("--model", metavar="NAME_OR_PATH", default=None, help="hub name or local folder of a causal LM (default: random weights, forced)")
-    workload.add_argument("--prompts", metavar="FILE", type=Path, default=None, help="JSON lines with a 'prompt' text each (with --model)")
+    workload.add_argument("--prompts", metavar="FILE", type=Path, default=None, help="with --model: JSON lines with a 'prompt' text each; with --blend and --write-trace, one plain text a line")
     workload.add_argument("--traces", metavar="FILE", type=Path, nargs="+", default=None,
                           help=f"recorded trace files (prompt and generated token ids, {TRACE_DOC}) instead of built-in workloads")
     workload.add_argument("--vocab-size", metavar="N", type=int, default=None,
