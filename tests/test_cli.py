@@ -276,7 +276,7 @@ def subcommands() -> dict:
     return commands.choices
 
 
-@pytest.mark.parametrize("command", ["replay", "bench"])
+@pytest.mark.parametrize("command", sorted(subcommands()))
 def test_every_flag_has_help(command):
     subparser = subcommands()[command]
     missing = [a.option_strings or a.dest for a in subparser._actions if not a.help or a.help == argparse.SUPPRESS]

@@ -29,9 +29,9 @@ save on your outputs, and time them against plain generation on a model."""
 
 EPILOG = f"""\
 examples:
-  lookahead replay ../shared/traces/cnn.dev.jsonl
-      tokens per verify step our drafter would give on recorded greedy outputs; no model runs
-      (trace files: {TRACE_DOC})
+  lookahead replay outputs.jsonl
+      tokens per verify step our drafter would give on a model's recorded greedy outputs; no model
+      runs (how to write the file: {TRACE_DOC})
   lookahead bench --quick
       plain generate() against prompt lookup and ours on an offline stand-in model, in about a minute
 
@@ -64,9 +64,9 @@ def add_replay_parser(commands) -> argparse.ArgumentParser:
                     "exactly when it equals the recorded next token, so tau (tokens per verify step, the model's own\n"
                     f"token included) is exact without running the model. Trace files: {TRACE_DOC}.",
         epilog="examples:\n"
-               "  lookahead replay ../shared/traces/*.dev.jsonl\n"
-               "  lookahead replay ../shared/traces/cnn.dev.jsonl --tree --limit 20\n"
-               "  lookahead replay ../shared/traces/cnn.dev.jsonl --drafter hf --num-draft-tokens 16")
+               "  lookahead replay outputs.jsonl                                     # ours, with memory of earlier requests\n"
+               "  lookahead replay outputs.jsonl --tree --limit 20                   # draft trees, on the first 20 requests\n"
+               "  lookahead replay outputs.jsonl --drafter hf --num-draft-tokens 16  # transformers' prompt lookup")
     replay.set_defaults(run=run_replay)
     replay.add_argument("files", nargs="+", type=Path, help=f"trace files, JSON lines ({TRACE_DOC})")
     replay.add_argument("--drafter", choices=["lookahead", "hf"], default="lookahead",
@@ -114,7 +114,7 @@ examples:
   lookahead bench --quick                                  # the comparison in about a minute, offline
   lookahead bench                                          # 3 requests per workload, 256 new tokens, a 0.5B shape
   lookahead bench --model Qwen/Qwen2.5-0.5B-Instruct       # a real model (downloads it), the same prompts
-  lookahead bench --traces ../shared/traces/*.dev.jsonl    # recorded traces ({TRACE_DOC}), float32 and bfloat16
+  lookahead bench --traces outputs.jsonl                   # recorded outputs ({TRACE_DOC}), float32 and bfloat16
   lookahead bench --batch 1,4,16                           # batches of trace requests through lookahead.generate"""
 
 
