@@ -7,7 +7,7 @@ Llama-3.1-8B-Instruct wrote), held in a persistent batch laid out as vLLM's (tok
 (row, position) int32, num_tokens_no_spec, req_ids, num_prompt_tokens, spec_token_ids, the
 live requests). Each step the "model" writes what the trace wrote: the drafted tokens that
 agree with it and the one after (greedy verification, as the forced target of
-examples/vllm_serving.py accepts them); a finished request is replaced by the next trace at
+benchmarks/vllm_serving.py accepts them); a finished request is replaced by the next trace at
 once (continuous batching); between steps the "forward" sleeps --forward-ms (releasing the
 GIL, as a model's forward does: the proposer files finished requests into its memory and
 indexes the rows' new tokens on a thread meanwhile, timed apart as "thread"), then, with

@@ -4,7 +4,7 @@ A code assistant (or RAG pipeline) hands the drafter its document library once; 
 request consults only the documents that share text with its prompt (an Aho-Corasick pass),
 and drafts copy from them. Offline: standard-library files are the documents, and a
 random-weight model is forced to write the next 200 tokens of one of them (see
-lookahead/workloads.py).
+lookahead/bench/workloads.py).
 
     python examples/rag_documents.py
 """

@@ -1,7 +1,9 @@
 """`lookahead replay` and `lookahead bench`: parsing, output formats, error paths."""
 
+import argparse
 import json
 import sys
+from pathlib import Path
 from unittest.mock import patch
 
 import numpy as np
@@ -9,9 +11,11 @@ import pytest
 
 from lookahead import LookupDrafter
 from lookahead.bench.blend import timed_methods
-from lookahead.bench.cli import main
+from lookahead.bench.cli import NOT_RECORDED, RECORDED, TRACE_DOC, build_parser, main
 from lookahead.bench.replay import load_trace, replay_hf, replay_lookahead, replay_recorded
-from tests.models import SHARED
+from tests.models import SHARED, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_trace(tmp_path, rows, name="t.jsonl"):
@@ -263,3 +267,88 @@ def test_forward_cost_sleeps_per_forward_on_one_thread_and_undoes_itself(capsys)
     with pytest.raises(SystemExit):
         main(["bench", "--blend", "--time-blend", "--forward-cost", "20"])
     assert "MS,MS_PER_TOKEN" in capsys.readouterr().err
+
+
+def subcommands() -> dict:
+    """`lookahead`'s subparsers by name."""
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices
+
+
+@pytest.mark.parametrize("command", sorted(subcommands()))
+def test_every_flag_has_help(command):
+    subparser = subcommands()[command]
+    missing = [a.option_strings or a.dest for a in subparser._actions if not a.help or a.help == argparse.SUPPRESS]
+    assert not missing, f"lookahead {command}: no help for {missing}"
+    [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert all(choice.help for choice in commands._choices_actions)  # each command's line in `lookahead --help`
+
+
+def test_bench_flags_are_grouped_by_topic():
+    bench = subcommands()["bench"]
+    groups = {g.title: [a.option_strings[0] for a in g._group_actions] for g in bench._action_groups}
+    assert {"workload", "methods", "timing", "other measurements", "output"} <= set(groups)
+    assert groups["options"] == ["-h"], f"bench flags outside a group: {groups['options']}"
+    assert "--model" in groups["workload"] and "--methods" in groups["methods"] and "--quick" in groups["timing"]
+    assert "--batch" in groups["other measurements"] and "--json" in groups["output"]
+
+
+def test_help_is_written_for_users_and_its_examples_parse(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "import" not in text and "torch-free" not in text and ".py" not in text, text
+    assert (ROOT / TRACE_DOC).is_file()
+    for command in subcommands():
+        assert f"lookahead {command} " in text  # an example of each command
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        page = capsys.readouterr().out
+        assert "lookahead/bench/replay.py" not in page, f"lookahead {command} --help points at code, not {TRACE_DOC}"
+        examples = [line.split("#")[0].split() for line in (text + page).splitlines() if line.strip().startswith(f"lookahead {command} ")]
+        assert examples, command
+        for argv in examples:
+            build_parser().parse_args(argv[1:])  # every example is a valid command line
+
+
+def test_replay_table_shows_no_figures_a_recorded_reference_does_not_hold(tmp_path, capsys):
+    row = dict(REPEATING, acc_ngram={"acc_len": [2] * 12})
+    path = write_trace(tmp_path, [row])
+    assert main(["replay", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = lambda line: [c.strip() for c in line.strip("|").split("|")]  # noqa: E731
+    header = cells(lines[0])
+    [recorded] = [cells(line) for line in lines if RECORDED in line and line.startswith("|")]
+    assert recorded[header.index("drafted")] == NOT_RECORDED and recorded[header.index("us/step")] == NOT_RECORDED, recorded
+    assert recorded[header.index("steps")] == "6" and recorded[header.index("accepted")] == "6"  # what the trace does hold
+    assert any(line.startswith(f"{RECORDED}:") for line in lines)  # a line says what the row is
+    assert main(["replay", str(path), "--json"]) == 0
+    recorded = json.loads(capsys.readouterr().out)["results"][1]
+    assert recorded["drafted"] is None and recorded["us_per_step"] is None
+
+
+def test_quick_is_the_smallest_comparison(monkeypatch, capsys):
+    """--quick's configuration (not its time): two workloads, one short request each, the small shape, three methods."""
+    from lookahead.bench import e2e, traces
+
+    assert e2e.QUICK["requests"] == 1 and e2e.QUICK["max_new_tokens"] <= 64
+    assert set(e2e.QUICK["workloads"]) == {"code-edit", "chat"}  # one where lookup pays, one with little to copy
+    assert e2e.QUICK["methods"][:2] == ("greedy", e2e.PLD) and len(e2e.QUICK["methods"]) == 3
+    quick = argparse.Namespace(quick=True, shape=None)
+    assert traces.shape_for(quick) is traces.QUICK_SHAPE and traces.QUICK_SHAPE["num_hidden_layers"] <= 8
+    ran = {}
+
+    def bench_model(model, tasks, methods, **kwargs):
+        ran.update(tasks=tasks, methods=[name for name, _ in methods])
+        return []
+
+    monkeypatch.setattr(e2e, "bench_model", bench_model)
+    monkeypatch.setattr(e2e, "build_model", lambda shape, **kwargs: ran.update(shape=shape) or tiny_model("qwen2"))
+    assert main(["bench", "--quick", "--json"]) == 0
+    assert ran["shape"] is traces.QUICK_SHAPE
+    assert ran["methods"] == list(e2e.QUICK["methods"])
+    assert list(ran["tasks"]) == list(e2e.QUICK["workloads"])
+    assert all(len(tasks) == 1 and tasks[0].max_new_tokens <= e2e.QUICK["max_new_tokens"] + 1  # + the reference's EOS
+               for tasks in ran["tasks"].values())
+    assert json.loads(capsys.readouterr().out)["max_new_tokens"] == e2e.QUICK["max_new_tokens"]

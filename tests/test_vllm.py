@@ -1032,7 +1032,7 @@ def test_a_collected_proposer_joins_its_thread(monkeypatch):
 
 def test_engine_args_without_vllm_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
-    with pytest.raises(ImportError, match=r'pip install "lookahead-drafts\[vllm\]"'):
+    with pytest.raises(ImportError, match=r'pip install "\.\[vllm\]"'):
         engine_args()
 
 
@@ -1355,13 +1355,13 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
 @pytest.fixture(scope="module")
 def trace_forced(tmp_path_factory):
-    """examples/vllm_serving.py's trace-forced target (a small one: hidden 64, 1 layer) on 3 short
+    """benchmarks/vllm_serving.py's trace-forced target (a small one: hidden 64, 1 layer) on 3 short
     recorded traces, its plugin installed for the engines started after it; the environment restored after."""
     require_vllm()
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"{SHARED_TRACES} is absent (../shared is not laid out beside the project)")
     saved_environ, saved_path = dict(os.environ), list(sys.path)
-    sys.path.insert(0, str(ROOT / "examples"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     bench = importlib.import_module("vllm_serving")  # the bench itself, so that its forcing is what is tested
     folder = tmp_path_factory.mktemp("trace-forced")
     traces = bench.load_traces(SHARED_TRACES, 3, max_prompt_tokens=160, max_tokens=40)

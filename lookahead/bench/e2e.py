@@ -39,6 +39,12 @@ from lookahead.integrations.support import tree_support
 
 OVERHEAD_CONTEXTS = [1_000, 8_000, 32_000, 128_000, 1_000_000]
 HF_OVERHEAD_MAX_CONTEXT = 128_000
+PLD = "hf prompt lookup k=16"
+# --quick: the smallest run that still shows the comparison. A workload where lookup pays (code-edit) and one
+# with little to copy (chat), one request each, 64 new tokens, the small shape (traces.QUICK_SHAPE); plain
+# greedy and prompt lookup (the ratios' baselines) against ours as the README's one change (assistant_model=).
+# --methods or --variants replace its methods; --traces and --model's --prompts, its workloads.
+QUICK = dict(workloads=("code-edit", "chat"), requests=1, max_new_tokens=64, methods=("greedy", PLD, "lookahead assistant_model"))
 
 
 def run_bench(args) -> int:
@@ -59,7 +65,9 @@ def run_bench(args) -> int:
             ))
         return 0
     if args.quick:
-        args.requests, args.max_new_tokens = 1, 128
+        args.requests, args.max_new_tokens = QUICK["requests"], QUICK["max_new_tokens"]
+        if args.methods is None and not args.variants:
+            args.methods = ",".join(QUICK["methods"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtypes = parse_dtypes(args.dtype, device=device, traces=bool(args.traces))
     chosen = select_methods(args.methods, variants=args.variants)
@@ -78,10 +86,11 @@ def run_bench(args) -> int:
                               "requests": counts[-1], "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                               "tree_none": trees, "results": rows}):
         print(f"model: {described}, {device}; {requests} request(s) per {label}, at most {args.max_new_tokens} new tokens each")
-        print("tree=None (lookahead.generate's default) drafted " + ", ".join(
-            f"{t['drafts']} in {dtype} " + ("" if t["tree_over_chain"] is None else
-                                            f"(a tree step {t['tree_over_chain']:.2f}x a chain step of its width)")
-            for dtype, t in trees.items()))
+        if any(name.startswith("lookahead.generate") for name, _ in chosen):  # what our loop's default decided
+            print("tree=None (lookahead.generate's default) drafted " + ", ".join(
+                f"{t['drafts']} in {dtype} " + ("" if t["tree_over_chain"] is None else
+                                                f"(a tree step {t['tree_over_chain']:.2f}x a chain step of its width)")
+                for dtype, t in trees.items()))
         print("tokens/s: generated tokens / wall time of whole generate() calls (prefill included, as a user sees it); "
               "TTFT: mean time to first token (the end of the first forward pass, the prefill); TPOT: time per output token "
               "after the first, (wall - TTFT) / (tokens - 1), the decoding this library speeds up; "
@@ -125,7 +134,7 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
         if args.prompts:
             texts = {args.prompts.name: [_read_prompt(args.prompts, i, line) for i, line in enumerate(args.prompts.read_text().splitlines(), 1) if line.strip()][: args.requests]}
         else:
-            texts = {name: [p for p, _ in pairs] for name, pairs in wl.make_workloads(requests=args.requests).items()}
+            texts = {name: [p for p, _ in pairs] for name, pairs in built_in_workloads(args).items()}
         return {name: [Task(_chat_ids(tokenizer, p), None, None, args.max_new_tokens) for p in prompts] for name, prompts in texts.items()}, None
     if args.prompts:
         raise ValueError("--prompts needs --model: the forced default model writes the built-in references")
@@ -136,9 +145,15 @@ def load_tasks(args) -> tuple[dict[str, list[Task]], int | None]:
         return {name: [forced_trace_task(r, args.max_new_tokens) for r in requests]
                 for name, requests in read_traces(args.traces, args.requests, vocab).items()}, vocab
     bpe = wl.tokenizer()
-    pairs = wl.make_workloads(requests=args.requests)
+    pairs = built_in_workloads(args)
     eos = bpe.token_to_id(wl.EOS)
     return {name: [Task(r.prompt, r.reference, eos, len(r.reference)) for r in wl.encode(bpe, p, args.max_new_tokens)] for name, p in pairs.items()}, wl.VOCAB_SIZE
+
+
+def built_in_workloads(args) -> dict[str, list[tuple[str, str]]]:
+    """The built-in workloads' (prompt, reference) pairs, --requests of each; with --quick, QUICK's workloads alone."""
+    pairs = wl.make_workloads(requests=args.requests)
+    return {name: pairs[name] for name in QUICK["workloads"]} if args.quick else pairs
 
 
 def spread(row: dict, key: str) -> str:
@@ -175,8 +190,6 @@ def _chat_ids(tokenizer, prompt: str) -> list[int]:
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False)
     return tokenizer(prompt)["input_ids"]
 
-
-PLD = "hf prompt lookup k=16"
 
 
 def methods(*, variants: bool = False) -> list[tuple[str, Callable[[], dict]]]:

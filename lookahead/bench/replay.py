@@ -3,9 +3,10 @@
 Under greedy verification a drafted token is kept iff it equals the recorded next token,
 so replaying a trace gives a drafter's exact τ without running the model.
 
-A trace file is JSON lines, each with `prompt_token_ids` and `generated_token_ids` (lists
-of ints); `acc_ngram.acc_len[i]` (optional) is a recorded reference: the tokens a verify
-step starting at output position i produced with vLLM's n-gram proposer.
+The trace format, for users: docs/traces.md. A trace file is JSON lines, each with
+`prompt_token_ids` and `generated_token_ids` (lists of ints); `acc_ngram.acc_len[i]`
+(optional) is a recorded reference: the tokens a verify step starting at output position i
+produced with vLLM's n-gram proposer (it records no drafted count and no drafting time).
 
 `topk_token_ids` (optional) carries the model's predictions: one row per token of
 prompt + output, row i the k ids the model ranked likeliest after tokens[: i + 1] (k the
@@ -58,9 +59,9 @@ class ReplayResult:
     tau: float  # mean tokens per verify step, bonus token included
     steps: int
     tokens: int
-    drafted: int
+    drafted: int | None  # None for a recorded reference: the trace holds no drafted count
     accepted: int
-    us_per_step: float  # drafting cost (extend + propose), microseconds per step
+    us_per_step: float | None  # drafting cost (extend + propose), microseconds per step; None for a recorded reference
     speedup: float | None = None  # with a cost curve: tokens / modelled verify cost (plain greedy: 1)
 
     def as_dict(self) -> dict:
@@ -246,7 +247,8 @@ def _kept_on_tree(draft, output: np.ndarray, pos: int) -> int:
 
 
 def replay_recorded(requests) -> dict | None:
-    """Steps the recorded vLLM n-gram acceptance took; None if a request lacks it."""
+    """Steps the recorded vLLM n-gram acceptance took; None if a request lacks it. The trace records how many
+    tokens each step produced, not what was drafted or how long drafting took: `drafted` and `seconds` are None."""
     steps = tokens = 0
     for request in requests:
         if request.recorded_acc_len is None:
@@ -257,7 +259,7 @@ def replay_recorded(requests) -> dict | None:
             pos += step
             steps += 1
             tokens += step
-    return dict(steps=steps, drafted=0, accepted=tokens - steps, tokens=tokens, seconds=0.0)
+    return dict(steps=steps, drafted=None, accepted=tokens - steps, tokens=tokens, seconds=None)
 
 
 def result(file: str, drafter: str, counts: dict) -> ReplayResult:
@@ -270,6 +272,6 @@ def result(file: str, drafter: str, counts: dict) -> ReplayResult:
         tokens=counts["tokens"],
         drafted=counts["drafted"],
         accepted=counts["accepted"],
-        us_per_step=round(counts["seconds"] / steps * 1e6, 2) if steps else 0.0,
+        us_per_step=None if counts["seconds"] is None else round(counts["seconds"] / steps * 1e6, 2) if steps else 0.0,
         speedup=round(counts["tokens"] / counts["cost"], 4) if counts.get("cost") else None,
     )

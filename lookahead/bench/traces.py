@@ -24,7 +24,8 @@ import lookahead
 SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"  # ../shared/traces beside the checkout
 # A 0.5B-class decoder (Qwen2-0.5B's shape), vocab set by the tokenizer.
 DEFAULT_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2)
-# --quick: a 60M-parameter shape, so prefilling a 1,200-token file takes a second, not twelve.
+# --quick: a small shape (35M parameters at the built-in workloads' 8,192-token vocabulary), so prefilling a
+# 1,200-token file takes a second, not twelve.
 QUICK_SHAPE = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2)
 # An 8B-class decoder (Llama-3.1-8B's shape, which wrote ../shared/traces); for a GPU.
 SHAPE_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8)

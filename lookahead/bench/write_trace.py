@@ -3,7 +3,7 @@
 Each request: the prompt (a story opening, blend.STORY_OPENINGS, or a line of --prompts),
 the model's greedy output (`model.generate(do_sample=False)`), and `topk_token_ids` from one
 plain forward over prompt + output: row i, the k ids with the highest logits after token i
-(the format: lookahead/bench/replay.py). `lookahead replay` then replays lookup, the
+(the format: docs/traces.md). `lookahead replay` then replays lookup, the
 prediction table and their blend on it without the model.
 """
 

