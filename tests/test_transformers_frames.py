@@ -41,8 +41,9 @@ def test_validate_generation_mode_frame_refuses_what_the_loop_cannot_verify(opti
 def test_candidate_generator_frame_refuses_a_batch():
     model = tiny_model("llama")
     input_ids = torch.tensor([[5, 6, 7], [7, 8, 9]])
-    with pytest.raises(UnsupportedGenerationError, match="batch has 2"):
+    with pytest.raises(UnsupportedGenerationError, match="batch has 2") as error:
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5, assistant_model=LookupDrafter())
+    assert "lookahead.generate(model, input_ids, attention_mask=..., drafter=" in str(error.value)  # the error names the fix
 
 
 def test_candidate_generator_frame_refuses_a_static_cache_object():

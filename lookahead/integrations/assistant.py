@@ -41,7 +41,7 @@ from lookahead.draft import Draft
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import step_costs
 from lookahead.integrations.hf import caller_locals, first_stop, vocab_size
-from lookahead.integrations.support import ALTERNATIVE, check_candidate_generator_inputs, check_generation_mode, eos_ids
+from lookahead.integrations.support import BATCH_ALTERNATIVE, check_candidate_generator_inputs, check_generation_mode, eos_ids
 from lookahead.request import Request
 from lookahead.sizing.rules import chain_size
 
@@ -121,7 +121,7 @@ class TransformersAssistant:
         """
         if input_ids.shape[0] != 1:
             raise UnsupportedGenerationError(
-                f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {ALTERNATIVE}"
+                f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {BATCH_ALTERNATIVE}"
             )
         # One step at a time: between this request's steps another thread's request may
         # start (reset); then this request's next extend raises, before any state is read.
