@@ -201,19 +201,19 @@ class DraftSource(Protocol):
 
     def propose(self, num_draft_tokens: int | None = None, *, hedged: bool = False) -> Draft:
         """A chain of at most `num_draft_tokens` tokens after the tokens seen (EMPTY_DRAFT: none).
-        `hedged`: from a tree's candidates, which `grow_tree` then drafts from."""
+        `hedged`: from a tree's candidates, which `_grow_tree` then drafts from."""
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
         """A tree of at most `max_tree_nodes` nodes, branches at most `num_draft_tokens` deep."""
 
-    def grow_tree(self, max_tree_nodes: int) -> Draft:
+    def _grow_tree(self, max_tree_nodes: int) -> Draft:
         """The tree of the last `propose(..., hedged=True)`'s candidates, at most `max_tree_nodes` nodes."""
 
-    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
+    def _likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The last `propose(..., hedged=True)`'s candidates the model likeliest writes, likeliest first (at most
         `max_tree_nodes`; every prefix a tree), each one's chance, lookup's next token kept with `keep_chance`, and
         what the source's `tree_chances.observe(*learnt, kept)` learns from once they are verified."""
 
-    def record_predictions(self, inputs, predicted) -> None:
+    def _record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),
         after `extend` with the step's tokens. A source that drafts without them ignores them."""

@@ -119,7 +119,7 @@ class Request:
         tree trial reads it: LoopCosts.observe). Once verified, the drafter's tree chances learn from the nodes the
         step tells the truth of (told_nodes)."""
         chance = self.keep_chance(chain)
-        tree, chances, (estimates, table) = self.drafter.likeliest_tree(max_tree_nodes, chance)
+        tree, chances, (estimates, table) = self.drafter._likeliest_tree(max_tree_nodes, chance)
         nodes = tree_size(chances, cost)
         size = chain_size(chance, len(chain), cost) if len(chain) else 0
         plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost) if promise else 1.0)
@@ -147,7 +147,7 @@ class Request:
             tokens = self.drafter.tokens
             kernels.learn_row(self.slots.state(), 0, tokens, tokens.shape[0], len(written), verified)
         if predicted is not None:
-            self.drafter.record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
+            self.drafter._record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
 
     def discard(self) -> None:
         """The last plan was not verified (a server dropped it): nothing is learnt from it."""

@@ -85,7 +85,7 @@ def test_assisted_decoding_frame_gives_the_stop_strings_a_draft_is_cut_before():
     drafter = LookupDrafter(draft_factor=16, cost_aware=False)
     out = model.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=60, do_sample=False,
                          stop_strings=stop, tokenizer=tokenizer)
-    assert [c.stop_strings for c in drafter.transformers_assistant().stop_strings] == [(stop,)]
+    assert [c.stop_strings for c in drafter._transformers_assistant().stop_strings] == [(stop,)]
     new = out[0, len(prompt) :].tolist()
     assert new == plain_ids[: len(new)]
     assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1])

@@ -58,7 +58,7 @@ class TransformersAssistant:
 
     The drafter is a LookupDrafter: a draft.DraftSource, driven through the request's state
     (lookahead.request.Request), and `num_draft_tokens`, `cost_aware`, `eos_option` /
-    `eos_token_ids`, `vocab_size` and `exclusive()`. With `cost_aware`, each draft is cut to
+    `eos_token_ids`, `vocab_size` and `_exclusive()`. With `cost_aware`, each draft is cut to
     what verifying it on the target pays for (lookahead.sizing).
     """
 
@@ -130,7 +130,7 @@ class TransformersAssistant:
             loop = caller_locals("_assisted_decoding")
             criteria = loop.get("stopping_criteria") if loop is not None else None
             self.stop_strings = [c for c in criteria or () if isinstance(c, StopStringCriteria)]
-        with self.drafter.exclusive():
+        with self.drafter._exclusive():
             return self._step(input_ids, max_new_tokens, generation_config, new_request=new_request)
 
     def _start(self, input_ids, generation_config) -> None:
