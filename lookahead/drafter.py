@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, DOCUMENTS, EMPTY_DRAFT, MEMORY, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.policy import (  # (the candidates' weights and walks: one definition, shared with the engine's chains)
@@ -79,7 +79,7 @@ class LookupDrafter(metaclass=_DrafterType):
     input_ids, attention_mask=..., drafter=LookupDrafter())`. Drafts come from the prompt, the
     output so far, reference documents (`add_document`), what earlier requests wrote (`memory`)
     and, in `lookahead.generate`, the model's own predictions. After a call, `print(drafter.stats)`
-    says how many tokens were drafted and kept, in how many forward passes.
+    says how many tokens each source drafted and had kept and why steps drafted nothing.
 
     One drafter serves one request at a time, in the thread that started it: threads that
     generate concurrently each need their own (DrafterInUseError otherwise); they can share a
@@ -363,7 +363,7 @@ class LookupDrafter(metaclass=_DrafterType):
             match_len = 0
         else:
             nodes = nodes[: math.ceil(self.draft_factor * match_len)]
-        return Draft.chain(self._trie.path_tokens(nodes), match_len) if nodes.shape[0] else EMPTY_DRAFT
+        return Draft.chain(self._trie.path_tokens(nodes), match_len, self._trie.origins(nodes)) if nodes.shape[0] else EMPTY_DRAFT
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
         """Drafts a tree of at most `max_tree_nodes` nodes, branches up to `num_draft_tokens` deep (parents first)."""
@@ -401,9 +401,9 @@ class LookupDrafter(metaclass=_DrafterType):
             RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
         self._searched("_likeliest_tree")
-        token_ids, parents, chances, estimates, table = self._trie.likeliest(
+        token_ids, parents, chances, estimates, table, sources = self._trie.likeliest(
             max_tree_nodes, keep_chance, self.tree_chances.correction(self._lookup_nodes))
-        return Draft(token_ids, parents, self._tree_match_len), chances, (estimates, table)
+        return Draft(token_ids, parents, self._tree_match_len, sources), chances, (estimates, table)
 
     def _searched(self, caller: str) -> None:
         self._check_thread()
@@ -414,8 +414,8 @@ class LookupDrafter(metaclass=_DrafterType):
     def _tree(self, max_tree_nodes: int, *, first_class: int) -> Draft:
         if max_tree_nodes < 1 or not len(self._trie):
             return EMPTY_DRAFT
-        token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY, first_class=first_class)
-        return Draft(token_ids, parents, self._tree_match_len) if token_ids.shape[0] else EMPTY_DRAFT
+        token_ids, parents, sources = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY, first_class=first_class, origins=True)
+        return Draft(token_ids, parents, self._tree_match_len, sources) if token_ids.shape[0] else EMPTY_DRAFT
 
     def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool, predicted: int) -> int:
         """Rebuilds the candidate trie; returns the longest match_len anchoring a lookup candidate (0: none).
@@ -444,7 +444,9 @@ class LookupDrafter(metaclass=_DrafterType):
           request's rank chances, on lookup's scale (w / c: lookup's heaviest first token's
           weight over its keep chance at this match length; 1 without lookup candidates).
         Ties between equal weights go to the earlier added: the prompt's first occurrence,
-        then the most recent, then the table.
+        then the most recent, then the table. A node's origin (its drafted token's source in
+        DraftStats) is the source of the candidate that created it: PROMPT or OUTPUT by where
+        the copied token sits in the request, DOCUMENTS, MEMORY, PREDICTIONS.
         """
         trie = self._trie
         trie.clear()
@@ -457,9 +459,11 @@ class LookupDrafter(metaclass=_DrafterType):
             )
             if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
                 recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
-                for store in (self._document_store, self.memory):
+                for store, origin in ((self._document_store, DOCUMENTS), (self.memory, MEMORY)):
                     if store is not None and len(store):
+                        since = len(trie) + 1
                         store_len = store.add_continuation(trie, recent, num_draft_tokens, match_base=MATCH_BASE, scale=STORE_SCALE)
+                        trie.label(since, origin)
                         match_len = max(match_len, store_len)
         looked_up = max(match_len, substituted) if len(trie) else 0
         self._lookup_nodes = len(trie) + 1

@@ -86,6 +86,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     - this loop through model.generate: `model.generate(**inputs, custom_generate=lookahead.CUSTOM_GENERATE,
       trust_remote_code=True, assistant=LookupDrafter())`.
     transformers prepares the logits processors, stopping criteria and config as for plain generate.
+    After the call, `print(drafter.stats)` says what each source drafted and had kept.
 
     Args:
         model: a decoder-only transformers model.
@@ -159,7 +160,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         if streamer is not None:
             streamer.end()
         if batch:  # the call's stats: every row's steps, row after row
-            drafter.stats = DraftStats()
+            drafter.stats = DraftStats(rows=len(rows))
             for row in rows:
                 drafter.stats.add(row.request.stats)
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
