@@ -126,7 +126,8 @@ class DraftStats:
     draft, by reason: no continuation found; drafts were rarely kept (the request's learnt keep
     chance below one half); verifying more did not pay on this hardware (a wider forward pass
     costs more than the tokens it would likely save: cost_aware); no room left; a stop string
-    came next. `token_ids`, `token_sources` and `token_steps` record each written token.
+    came next. `token_ids`, `token_sources` and `token_steps` record each written token;
+    `render(tokenizer)` shows the text with each kept draft marked by its source.
 
     Through transformers' `assistant_model=` loop a step's acceptance is seen at the next step,
     so the last step counts 0 accepted and its tokens are not in `token_ids`.
@@ -250,6 +251,22 @@ class DraftStats:
         ids.extend(other.written[0])
         codes.extend(other.written[1])
         steps.extend(step + offset for step in other.written[2])
+
+    def render(self, tokenizer, *, html=None, file=None, color: bool | None = None) -> str:
+        """Prints the written text with each kept draft marked by its source, and writes an HTML view; returns the text printed.
+
+        Args:
+            tokenizer: the model's tokenizer (its `decode`).
+            html: a path: also writes a self-contained HTML page there (a legend, the tokens per
+                forward pass along the text, each step's underline with a tooltip).
+            file: where to print (default sys.stdout; False: nowhere).
+            color: ANSI colours (default: where `file` is a terminal), else [source|text] markers.
+
+        Example: `drafter.stats.render(tokenizer, html="drafts.html")` after a generate call.
+        """
+        from lookahead.view import render  # (the view: numpy only, kept apart from the counting)
+
+        return render(self, tokenizer, html=html, file=file, color=color)
 
     def __str__(self) -> str:
         if not self.steps:

@@ -79,7 +79,8 @@ class LookupDrafter(metaclass=_DrafterType):
     input_ids, attention_mask=..., drafter=LookupDrafter())`. Drafts come from the prompt, the
     output so far, reference documents (`add_document`), what earlier requests wrote (`memory`)
     and, in `lookahead.generate`, the model's own predictions. After a call, `print(drafter.stats)`
-    says how many tokens each source drafted and had kept and why steps drafted nothing.
+    says how many tokens each source drafted and had kept and why steps drafted nothing;
+    `drafter.stats.render(tokenizer, html="drafts.html")` shows where each kept token came from.
 
     One drafter serves one request at a time, in the thread that started it: threads that
     generate concurrently each need their own (DrafterInUseError otherwise); they can share a

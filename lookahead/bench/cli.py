@@ -13,6 +13,8 @@ from pathlib import Path
 from lookahead.bench.replay import (
     SOURCES, TRACE_VOCAB_SIZE, drafter_for, load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result,
 )
+from lookahead.bench.show import add_arguments as add_show_arguments
+from lookahead.bench.show import run as run_show
 from lookahead.bench.tables import format_table
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
@@ -46,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
 
     add_bench_arguments(commands.add_parser("bench", help="end-to-end generate() wall clock, exactness checked"))
+    add_show_arguments(commands.add_parser("show", help="run a model on a prompt and show where the drafts came from"))
 
     args = parser.parse_args(argv)
     try:
         if args.command == "replay":
             return run_replay(args)
+        if args.command == "show":
+            return run_show(args)
         return run_bench(args)
     except ValueError as e:  # bad input: one clear line, no traceback
         print(f"lookahead {args.command}: error: {e}", file=sys.stderr)

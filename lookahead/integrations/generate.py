@@ -86,6 +86,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     - this loop through model.generate: `model.generate(**inputs, custom_generate=lookahead.CUSTOM_GENERATE,
       trust_remote_code=True, assistant=LookupDrafter())`.
     transformers prepares the logits processors, stopping criteria and config as for plain generate.
+    After the call, `print(drafter.stats)` says what each source drafted and had kept, and
+    `drafter.stats.render(tokenizer, html="drafts.html")` shows where each kept token came from.
     After the call, `print(drafter.stats)` says what each source drafted and had kept.
 
     Args:
