@@ -1,5 +1,5 @@
 """What a drafter proposes (`Draft`), what a step verifies of it (`StepPlan`), what verification kept
-(`DraftStats`), and what a request drives on its drafter (`DraftSource`).
+(`DraftStats`, by source), and what a request drives on its drafter (`DraftSource`).
 
 Vocabulary used from the kernels to the command line (and translated from transformers'
 `prompt_lookup_num_tokens` / `max_matching_ngram_size` and vLLM's `num_speculative_tokens`
@@ -12,13 +12,28 @@ only at those adapters):
 - a step's block: `rows` x `width` tokens, width = uncached tokens + the longest draft;
 - keep chance: the chance that a drafted token is kept (engine.kernels.learn_row);
 - `fixed_cost_tokens` (h = F / p): how many verified tokens cost as much as a step's fixed part;
-- τ (`tau`): tokens per verify step, the model's own token included.
+- τ (`tau`): tokens per verify step, the model's own token included;
+- source: where a drafted token came from (SOURCES), or `model` for the token a step writes itself.
 """
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+# Where a token came from: a drafted token's source (its trie node's origin, trie.py), or MODEL for
+# the one token each verify step writes itself. Codes index SOURCES; int8 in arrays.
+MODEL, PROMPT, OUTPUT, DOCUMENTS, MEMORY, PREDICTIONS, OTHER = range(7)
+SOURCES = ("model", "prompt", "output", "documents", "memory", "predictions", "other")  # other: a draft made without a source
+
+# Why a step verified no draft (DraftStats.no_draft); DRAFTED: it verified one. RARELY_KEPT and NOT_PAID are the
+# sizer's width 0 (cost_aware), told apart by the request's learnt keep chance: below one half, its drafts were
+# mostly rejected; at or above, they were mostly kept but a wider forward pass cost more than they would save.
+DRAFTED, NONE_FOUND, RARELY_KEPT, NOT_PAID, NO_ROOM, STOP_STRING = range(6)
+NO_DRAFT_REASONS = ("", "no continuation found", "drafts were rarely kept", "verifying more did not pay on this hardware",
+                    "no room left before max_new_tokens", "a stop string came next")
+RARELY_KEPT_BELOW = 0.5  # a keep chance below this: RARELY_KEPT (0.5 is the chance before anything is learnt)
 
 DEFAULT_MAX_TREE_NODES = 64  # most nodes a tree draft holds, unless the caller says: the drafter's and the loops' default
 
@@ -26,6 +41,8 @@ _EMPTY_IDS = np.zeros(0, dtype=np.int64)
 _EMPTY_IDS.flags.writeable = False
 _CHAIN_PARENTS = np.arange(256, dtype=np.int64) - 1  # [-1, 0, 1, ...]: shared, read-only
 _CHAIN_PARENTS.flags.writeable = False
+_NO_SOURCES = np.zeros(0, dtype=np.int8)  # a draft made without its sources: counted as OTHER
+_NO_SOURCES.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -34,12 +51,14 @@ class Draft:
 
     `token_ids[i]` follows `parents[i]` (-1: follows the current sequence). An empty
     draft (no proposal; the verifier takes a plain step) has empty arrays.
-    `match_len` is the length of the suffix the draft was anchored on (0: none).
+    `match_len` is the length of the suffix the draft was anchored on (0: none); `sources[i]`
+    where token i came from (PROMPT, OUTPUT, ...; empty: not known, counted as OTHER).
     """
 
     token_ids: np.ndarray  # (num_nodes,) int64
     parents: np.ndarray  # (num_nodes,) int64, parents[i] < i
     match_len: int = 0
+    sources: np.ndarray = field(default_factory=lambda: _NO_SOURCES)  # (num_nodes,) int8 SOURCES codes, or (0,): not known
 
     def __len__(self) -> int:
         return self.token_ids.shape[0]
@@ -58,14 +77,21 @@ class Draft:
         return int(parents.sum()) == n * (n - 3) // 2
 
     @classmethod
-    def chain(cls, token_ids: np.ndarray, match_len: int = 0) -> "Draft":
+    def chain(cls, token_ids: np.ndarray, match_len: int = 0, sources: np.ndarray = _NO_SOURCES) -> "Draft":
         n = token_ids.shape[0]
         parents = _CHAIN_PARENTS[:n] if n <= _CHAIN_PARENTS.shape[0] else np.arange(n, dtype=np.int64) - 1
-        return cls(token_ids, parents, match_len)
+        return cls(token_ids, parents, match_len, sources)
 
     def prefix(self, num_nodes: int) -> "Draft":
         """The first `num_nodes` nodes (a chain's first tokens; parents precede children, so a subtree)."""
-        return Draft(self.token_ids[:num_nodes], self.parents[:num_nodes], self.match_len if num_nodes else 0)
+        return Draft(self.token_ids[:num_nodes], self.parents[:num_nodes], self.match_len if num_nodes else 0,
+                     self.sources[:num_nodes])
+
+    def source_codes(self) -> np.ndarray:
+        """(num_nodes,) int8: each node's source, OTHER where not known."""
+        if self.sources.shape[0] == self.token_ids.shape[0]:
+            return self.sources
+        return np.full(self.token_ids.shape[0], OTHER, dtype=np.int8)
 
 
 EMPTY_DRAFT = Draft(_EMPTY_IDS, _EMPTY_IDS, 0)
@@ -87,17 +113,40 @@ class StepPlan:
     gain: float = 1.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class DraftStats:
-    """What a drafter proposed and what verification kept, over one generate call.
+    """What a generate call drafted and kept, and why; printed, it says so in plain words.
 
-    A step is one verify forward pass; it produces `accepted` drafted tokens plus one
-    token of the model's own, so tokens = accepted + steps. Through transformers' loop a
-    step's acceptance is seen at the next step, so the last step counts 0 accepted.
+    A step is one verify forward pass (in a batch, one row's share of it: a row-step); it writes
+    `accepted` drafted tokens plus one token of the model's own, so tokens = accepted + steps and
+    `tau` = tokens per step. `by_source` counts, per source (the prompt, the output so far,
+    documents, memory, the model's predictions), the tokens drafted and kept; a token several
+    sources proposed counts for the first that did (the prompt's first occurrence, the request's
+    own text, documents, memory, predictions). `no_draft` counts the steps that verified no
+    draft, by reason: no continuation found; drafts were rarely kept (the request's learnt keep
+    chance below one half); verifying more did not pay on this hardware (a wider forward pass
+    costs more than the tokens it would likely save: cost_aware); no room left; a stop string
+    came next. `token_ids`, `token_sources` and `token_steps` record each written token;
+    `render(tokenizer)` shows the text with each kept draft marked by its source.
+
+    Through transformers' `assistant_model=` loop a step's acceptance is seen at the next step,
+    so the last step counts 0 accepted and its tokens are not in `token_ids`.
+
+    Example:
+        >>> from lookahead.draft import PROMPT, DraftStats
+        >>> stats = DraftStats()
+        >>> stats.record(3, sources=np.array([PROMPT] * 3, dtype=np.int8))
+        >>> stats.record_accepted(2, written=[7, 8, 9], sources=np.array([PROMPT] * 2, dtype=np.int8))
+        >>> print(stats)
+        3 tokens in 1 forward pass (3.00 per pass); kept 2 of 3 drafted: prompt 2 of 3
     """
 
     drafted_per_step: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
+    no_draft_per_step: bytearray = field(default_factory=bytearray)  # (steps,) NO_DRAFT_REASONS codes, DRAFTED: drafted
+    source_counts: np.ndarray = field(default_factory=lambda: np.zeros((2, len(SOURCES)), dtype=np.int64))  # (drafted, kept) x source
+    written: tuple = field(default_factory=lambda: (array("q"), bytearray(), array("l")))  # per token written: id, source, step
+    rows: int = 1  # rows whose steps these are (a batch's call: every row's, row after row)
 
     @property
     def steps(self) -> int:
@@ -124,29 +173,118 @@ class DraftStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
-    def record(self, drafted: int, accepted: int = 0) -> None:
-        """Counts one verify step that checked `drafted` tokens and kept `accepted` of them."""
+    @property
+    def by_source(self) -> dict[str, tuple[int, int]]:
+        """{source: (drafted, kept)} for each source that drafted (SOURCES' order); they sum to (drafted, accepted)."""
+        drafted, kept = self.source_counts.tolist()
+        return {name: (drafted[i], kept[i]) for i, name in enumerate(SOURCES) if drafted[i]}
+
+    @property
+    def no_draft(self) -> dict[str, int]:
+        """{reason: steps} for the steps that verified no draft (NO_DRAFT_REASONS' order)."""
+        counts = np.bincount(np.frombuffer(self.no_draft_per_step, dtype=np.uint8), minlength=len(NO_DRAFT_REASONS)).tolist()
+        return {reason: counts[i] for i, reason in enumerate(NO_DRAFT_REASONS) if i != DRAFTED and counts[i]}
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """(written,) int64: the tokens the steps wrote, in order (the call's output, as the drafter saw it)."""
+        return np.frombuffer(self.written[0], dtype=np.int64) if len(self.written[0]) else np.zeros(0, dtype=np.int64)
+
+    @property
+    def token_sources(self) -> np.ndarray:
+        """(written,) int8: each written token's source (SOURCES codes; MODEL: the step's own token)."""
+        return np.frombuffer(self.written[1], dtype=np.int8)
+
+    @property
+    def token_steps(self) -> np.ndarray:
+        """(written,) int64: the step (0-based, an index of drafted_per_step) that wrote each token."""
+        return np.frombuffer(self.written[2], dtype=np.int64) if len(self.written[2]) else np.zeros(0, dtype=np.int64)
+
+    def record(self, drafted: int, accepted: int = 0, *, sources=None, no_draft: int = DRAFTED) -> None:
+        """Counts one verify step that checked `drafted` tokens and kept `accepted` of them.
+
+        `sources`: (drafted,) each drafted token's SOURCES code (None: OTHER); `no_draft`: with
+        drafted == 0, why (NO_DRAFT_REASONS; DRAFTED: not told).
+        """
         self.drafted_per_step.append(drafted)
         self.accepted_per_step.append(0)
+        self.no_draft_per_step.append(DRAFTED if drafted else no_draft)
+        if sources is not None and len(sources) == drafted:
+            self.source_counts[0] += np.bincount(sources, minlength=len(SOURCES))
+        else:
+            self.source_counts[0, OTHER] += drafted
         self.record_accepted(accepted)
 
-    def add(self, other: "DraftStats") -> None:
-        """Appends another request's steps (a batch's rows folded into one drafter's stats)."""
-        self.drafted_per_step += other.drafted_per_step
-        self.accepted_per_step += other.accepted_per_step
+    def record_accepted(self, accepted: int, *, written=None, sources=None) -> None:
+        """Sets how many drafted tokens the last step kept.
 
-    def record_accepted(self, accepted: int) -> None:
-        """Sets how many drafted tokens the last step kept."""
+        `written`: the tokens the step wrote (its kept drafted tokens, then the model's own; cut where
+        generation stopped), recorded per token (token_ids, token_sources, token_steps);
+        `sources`: (accepted,) the kept tokens' SOURCES codes (None: OTHER).
+        """
         drafted = self.drafted_per_step[-1]
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
         self.accepted_per_step[-1] = accepted
+        if sources is not None and len(sources) == accepted:
+            self.source_counts[1] += np.bincount(sources, minlength=len(SOURCES))
+        else:
+            sources = np.full(accepted, OTHER, dtype=np.int8)
+            self.source_counts[1, OTHER] += accepted
+        if written is not None and len(written):
+            n = len(written)
+            ids, codes, steps = self.written
+            ids.extend(written)
+            codes.extend(sources[:n].tobytes())
+            if n > accepted:
+                codes.append(MODEL)
+            steps.extend([self.steps - 1] * n)
 
-    def __repr__(self) -> str:
-        return (
-            f"DraftStats(steps={self.steps}, drafted={self.drafted}, accepted={self.accepted}, "
-            f"tau={self.tau:.2f})"
-        )
+    def add(self, other: "DraftStats") -> None:
+        """Appends another request's steps (a batch's rows folded into one drafter's stats)."""
+        offset = self.steps
+        self.drafted_per_step.extend(other.drafted_per_step)
+        self.accepted_per_step.extend(other.accepted_per_step)
+        self.no_draft_per_step.extend(other.no_draft_per_step)
+        self.source_counts[:] += other.source_counts
+        ids, codes, steps = self.written
+        ids.extend(other.written[0])
+        codes.extend(other.written[1])
+        steps.extend(step + offset for step in other.written[2])
+
+    def render(self, tokenizer, *, html=None, file=None, color: bool | None = None) -> str:
+        """Prints the written text with each kept draft marked by its source, and writes an HTML view; returns the text printed.
+
+        Args:
+            tokenizer: the model's tokenizer (its `decode`).
+            html: a path: also writes a self-contained HTML page there (a legend, the tokens per
+                forward pass along the text, each step's underline with a tooltip).
+            file: where to print (default sys.stdout; False: nowhere).
+            color: ANSI colours (default: where `file` is a terminal), else [source|text] markers.
+
+        Example: `drafter.stats.render(tokenizer, html="drafts.html")` after a generate call.
+        """
+        from lookahead.view import render  # (the view: numpy only, kept apart from the counting)
+
+        return render(self, tokenizer, html=html, file=file, color=color)
+
+    def __str__(self) -> str:
+        if not self.steps:
+            return "no steps yet"
+        passes = "forward pass" if self.steps == 1 else "forward passes"
+        unit = f"{self.steps} {passes} ({self.tau:.2f} per pass)" if self.rows == 1 else \
+            f"{self.steps} row-steps of {self.rows} rows ({self.tau:.2f} per row-step)"
+        text = f"{self.tokens} tokens in {unit}"
+        if self.drafted:
+            text += f"; kept {self.accepted} of {self.drafted} drafted"
+            text += ": " + ", ".join(f"{name} {kept} of {drafted}" for name, (drafted, kept) in self.by_source.items())
+        skipped = self.no_draft
+        if skipped:
+            steps = sum(skipped.values())
+            text += f"; no draft on {steps} step{'s' if steps > 1 else ''} (" + ", ".join(f"{n} {why}" for why, n in skipped.items()) + ")"
+        return text
+
+    __repr__ = __str__
 
 
 @runtime_checkable
@@ -156,8 +294,8 @@ class DraftSource(Protocol):
     `LookupDrafter` answers it whatever it drafts from: lookup alone (`predictions=False`),
     the model's prediction table alone (`lookup = False`) or their blend (the default).
     One request at a time: `reset(prompt_ids)` starts one; each step `propose` (a chain),
-    `propose_tree`, or `propose(hedged=True)` then `likeliest_tree` or `grow_tree` (a tree from
-    the same candidates); then `extend` with the tokens the model wrote and `record_predictions` with
+    `propose_tree`, or `propose(hedged=True)` then `_likeliest_tree` or `_grow_tree` (a tree from
+    the same candidates); then `extend` with the tokens the model wrote and `_record_predictions` with
     its top-k after each block entry; `finish()` ends it. Drafts never hold a rejected token.
 
     Example:
@@ -201,19 +339,19 @@ class DraftSource(Protocol):
 
     def propose(self, num_draft_tokens: int | None = None, *, hedged: bool = False) -> Draft:
         """A chain of at most `num_draft_tokens` tokens after the tokens seen (EMPTY_DRAFT: none).
-        `hedged`: from a tree's candidates, which `grow_tree` then drafts from."""
+        `hedged`: from a tree's candidates, which `_grow_tree` then drafts from."""
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
         """A tree of at most `max_tree_nodes` nodes, branches at most `num_draft_tokens` deep."""
 
-    def grow_tree(self, max_tree_nodes: int) -> Draft:
+    def _grow_tree(self, max_tree_nodes: int) -> Draft:
         """The tree of the last `propose(..., hedged=True)`'s candidates, at most `max_tree_nodes` nodes."""
 
-    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
+    def _likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The last `propose(..., hedged=True)`'s candidates the model likeliest writes, likeliest first (at most
         `max_tree_nodes`; every prefix a tree), each one's chance, lookup's next token kept with `keep_chance`, and
         what the source's `tree_chances.observe(*learnt, kept)` learns from once they are verified."""
 
-    def record_predictions(self, inputs, predicted) -> None:
+    def _record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),
         after `extend` with the step's tokens. A source that drafts without them ignores them."""

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, DOCUMENTS, EMPTY_DRAFT, MEMORY, Draft, DraftStats
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.policy import (  # (the candidates' weights and walks: one definition, shared with the engine's chains)
@@ -37,101 +37,79 @@ PREDICTION_TREE_NODES = 64  # and a tree's
 # step cost, 1.02x tokens per step greedy and 1.03x sampled over starting afresh (notes/README.md: trees at a GPU's prices).
 CARRY = 0.5
 # Sized, the chain is lookup's heaviest path whenever lookup has one (its keep rate, learnt per
-# match length, prices it). A one-row tree step (propose(hedged=True), likeliest_tree) verifies
+# match length, prices it). A one-row tree step (propose(hedged=True), _likeliest_tree) verifies
 # the candidates the model likeliest writes, each priced from that keep rate and the blend's
 # weights and corrected by what such nodes kept (TreeChances), as many as pay under the step's cost;
-# a batch's tree (grow_tree) takes lookup's heaviest nodes before any of the table's alone, as
+# a batch's tree (_grow_tree) takes lookup's heaviest nodes before any of the table's alone, as
 # many as cost what the widest chain does (notes/README.md: lookup first; trees at a GPU's prices).
 # Unsized (propose_tree) the blend is by weight, where the table's siblings pay.
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
 
-class _NotAnInstanceError(TypeError, AttributeError):
-    """An instance attribute read on the class (an AttributeError too, so hasattr and inspect see no attribute)."""
+# What transformers' assisted loop reads or calls on an `assistant_model`; answered by the drafter's
+# TransformersAssistant (lookahead.integrations.assistant, imported on first use: the core stays torch-free).
+_ADAPTER_NAMES = frozenset({"config", "device", "generation_config", "generate"})
 
 
-class _AdapterAttribute:
-    """A name transformers reads on an assistant_model, answered by the drafter's TransformersAssistant."""
+class _DrafterType(type):
+    """LookupDrafter's metaclass: an adapter name read on the class (assistant_model=LookupDrafter, the
+    parentheses forgotten) raises a TypeError that says so; a TypeError and an AttributeError, so hasattr and
+    inspect see no attribute."""
 
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, drafter, owner=None):
-        if drafter is None:
+    def __getattr__(cls, name):
+        if name in _ADAPTER_NAMES:
             raise _NotAnInstanceError(
-                f"{owner.__name__}.{self.name} was read on the class: pass a drafter instance, "
-                f"assistant_model={owner.__name__}(), not the class {owner.__name__}"
+                f"{cls.__name__}.{name} was read on the class: pass a drafter instance, "
+                f"assistant_model={cls.__name__}(), not the class {cls.__name__}"
             )
-        return getattr(drafter.transformers_assistant(), self.name)
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
 
 
-class LookupDrafter:
-    """Drafts what followed the current suffix where it occurred before.
+class _NotAnInstanceError(TypeError, AttributeError):
+    """An instance attribute read on the class."""
 
-    Pass it to transformers as `model.generate(**inputs, assistant_model=LookupDrafter())`:
-    outputs are token for token those of `model.generate(**inputs)` (greedy) or sampled
-    from the same distribution (`do_sample=True`). It indexes the prompt and every
-    verified token, never rejected drafts; it can also copy from reference documents
-    (`add_document`) and from what earlier requests wrote (`memory`).
 
-    Each draft merges the continuations of many earlier occurrences into a weighted trie
-    (`_fill_trie`): longer matches weigh more, agreeing occurrences add up, and after a
-    token the model replaced, copying resumes where it left off. What the model copies
-    from its prompt it copies from where the text first appeared there; what it repeats
-    of its own output, from where it last wrote it. A chain is the trie's heaviest path,
-    a tree its heaviest nodes.
+class LookupDrafter(metaclass=_DrafterType):
+    """Drafts what followed the current text where it occurred before; the model verifies every draft.
 
-    Lifecycle (lookahead.draft.DraftSource, what a request and the loops call):
-    `reset(prompt_ids)`, then per step `propose(num_draft_tokens)` (or `propose_tree`) and
-    `extend(verified_ids)`; `finish()` files the request into memory. `stats` describe the
-    current request, or the last finished one until the next `reset`. The drafter needs
-    numpy and numba only; what transformers reads on an `assistant_model` is answered by
-    `lookahead.integrations.assistant`, imported on first use.
+    Most users pass it to transformers, `model.generate(**inputs, assistant_model=LookupDrafter())`:
+    greedy outputs are token for token those of `model.generate(**inputs)`, sampled ones come
+    from the same distribution. For batches and tree drafts, `lookahead.generate(model,
+    input_ids, attention_mask=..., drafter=LookupDrafter())`. Drafts come from the prompt, the
+    output so far, reference documents (`add_document`), what earlier requests wrote (`memory`)
+    and, in `lookahead.generate`, the model's own predictions. After a call, `print(drafter.stats)`
+    says how many tokens each source drafted and had kept and why steps drafted nothing;
+    `drafter.stats.render(tokenizer, html="drafts.html")` shows where each kept token came from.
 
-    One drafter serves one request at a time, in the thread that started it (`reset`):
-    `extend`/`propose` from another thread, and a second request while a loop holds the
-    drafter (`exclusive`), raise DrafterInUseError. Threads that generate concurrently
-    each need their own drafter; they can share a `TokenStore` as memory.
+    One drafter serves one request at a time, in the thread that started it: threads that
+    generate concurrently each need their own (DrafterInUseError otherwise); they can share a
+    TokenStore as memory. Save what it learnt with `drafter.memory.save(path)` and
+    `drafter.documents.save(path)`; start from it with `LookupDrafter(memory=TokenStore.load(path),
+    documents=DocumentLibrary.load(path))`.
 
     Args:
-        num_draft_tokens: most tokens proposed per step (per branch, for trees).
-        min_ngram: shortest suffix that may anchor a draft.
-        max_ngram: longest suffix tried; longer matches are preferred.
-        draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m)
-            tokens. The default caps only drafts anchored on 1-3 tokens: which drafted
-            tokens are worth verifying depends on the hardware, and the loops decide that
-            (cost_aware).
-        memory: what earlier requests wrote: True (default) for a private TokenStore (its
-            default size), a TokenStore to share one between drafters (and
-            threads), False for none. Each request's prompt and output are added to it when
-            the next request starts; its continuations weigh as much as the request's
-            own for a match one token shorter.
-        documents: a DocumentLibrary of reference documents (an empty private one if not
-            given; see add_document). Each request consults those sharing text with its
-            prompt. Weighed like memory; preferred to it on ties.
-        eos_token_id: token id(s) a draft never runs past (transformers' loop sets it
-            from the generation config).
-        vocab_size: the model's vocabulary size, if known up front (the verification loops
-            set it from the model). Drafts stop before any id at or above it, wherever it
-            comes from (documents, a shared memory written for another model), and
-            add_document refuses such ids.
-        cost_aware: let the verification loop (transformers' or ours) cut each draft to
-            what verifying it pays for on the target (lookahead.sizing: block costs
-            calibrated once per model, device and dtype, then learnt from the loop's own
-            steps; a keep rate learnt per request; with low acceptance, nothing). False:
-            every draft is verified whole.
-        predictions: draft from the model's own predictions too: `lookahead.generate` records
-            the model's top-k next tokens at every position each step verifies (rejected
-            draft nodes included) into a PredictionTable, and drafts merge the table's likeliest
-            continuations of the last token with lookup's (see PREDICTION_SCALE). True (default)
-            for a private table, a PredictionTable to share one between drafters (and threads)
-            of one model, False for none (lookup alone). transformers' `assistant_model=` loop
-            and vLLM give a drafter no logits: there the table stays as it is (empty, unless shared).
+        num_draft_tokens: most tokens drafted per step (a ceiling: cost_aware cuts below it).
+        min_ngram, max_ngram: shortest and longest suffix of the text a draft is anchored on.
+        draft_factor: a draft anchored on an m-token match has at most ceil(draft_factor * m) tokens.
+        memory: True (default) for a private TokenStore of what earlier requests wrote, a
+            TokenStore to share one between drafters, False for none.
+        documents: a DocumentLibrary of reference documents (default: an empty one; see add_document).
+        eos_token_id: token id(s) a draft never runs past (generate adds the model's).
+        vocab_size: the model's vocabulary size, if known (generate sets it): drafts hold no id above it.
+        cost_aware: cut each draft to what verifying it pays for on this hardware. The cost of a
+            wider forward pass is learnt from the call's own steps (nothing is timed up front;
+            `lookahead.verify_costs(model)` times it ahead if you prefer) and the chance a draft is
+            kept from the request's own steps; where drafts are rarely kept or verifying more
+            costs more than it saves, a step drafts nothing. False: every draft is verified whole.
+        predictions: also draft from the model's own predictions, recorded each step by
+            `lookahead.generate` (transformers' `assistant_model=` loop gives no logits: there
+            they stay empty). True (default) for a private PredictionTable, a PredictionTable to
+            share one between drafters of one model, False for none.
 
     Example:
         >>> drafter = LookupDrafter(num_draft_tokens=3)
-        >>> drafter.reset([1, 2, 3, 4, 1, 2])
+        >>> drafter.reset([1, 2, 3, 4, 1, 2])  # what a loop calls: reset, then propose and extend per step
         >>> drafter.propose().token_ids.tolist()
         [3, 4, 1]
     """
@@ -181,18 +159,18 @@ class LookupDrafter:
         self.lookup = True  # False: draft from the prediction table alone (a measurement's baseline)
         self.rank_chances = RankChances(predictions.k) if predictions is not None else None  # learnt, carried across requests (reset)
         self.lead_chances = LeadChances(max_ngram)  # learnt, carried across requests (reset)
-        self.tree_chances = TreeChances()  # learnt across requests (likeliest_tree)
+        self.tree_chances = TreeChances()  # learnt across requests (_likeliest_tree)
         self._read_table = predictions is not None  # the last draft read the table: extend counts ranks (until a plain chain)
         self._trie = DraftTrie()  # rebuilt by every propose
         self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
-        self._tree_match_len: int | None = None  # the trie holds a tree's candidates (grow_tree), anchored this long
+        self._tree_match_len: int | None = None  # the trie holds a tree's candidates (_grow_tree), anchored this long
         self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
         self.eos_token_ids = self.eos_option
         self.vocab_size = vocab_size
         self.stats = DraftStats()
         self._transformers_adapter = None  # built on first use by transformers' loop
         self._owner: int | None = None  # threading.get_ident() of the thread whose request this is (set by reset)
-        self._held = threading.RLock()  # held by a verification loop while it drafts (exclusive)
+        self._held = threading.RLock()  # held by a verification loop while it drafts (_exclusive)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -216,12 +194,12 @@ class LookupDrafter:
         self._vocab_size = size
         self._trie.vocab_limit = NO_VOCAB_LIMIT if size is None else size
 
-    def sibling(self) -> "LookupDrafter":
+    def _sibling(self) -> "LookupDrafter":
         """A new drafter with this one's options, sharing its memory and documents: one per row of a batch.
 
         Example:
             >>> parent = LookupDrafter(num_draft_tokens=3)
-            >>> row = parent.sibling()
+            >>> row = parent._sibling()
             >>> row.memory is parent.memory and row.documents is parent.documents and row.predictions is parent.predictions
             True
         """
@@ -268,7 +246,7 @@ class LookupDrafter:
             self._document_store = self.documents.store_for(self.index.tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram)
 
     @contextmanager
-    def exclusive(self):
+    def _exclusive(self):
         """Holds the drafter for a verification loop (a step of transformers', a whole call of ours).
 
         Raises DrafterInUseError at once, without waiting, if another thread holds it; the
@@ -282,12 +260,11 @@ class LookupDrafter:
             self._held.release()
 
     def reset(self, prompt_ids=()) -> None:
-        """Starts a new request, in this thread: finishes the old one (`finish`), indexes `prompt_ids`, starts `stats` afresh.
+        """Starts a new request on `prompt_ids`, in this thread (finishing the last one); `stats` start afresh.
 
-        Raises:
-            DrafterInUseError: a verification loop in another thread holds the drafter.
+        Raises DrafterInUseError where a verification loop in another thread holds the drafter.
         """
-        with self.exclusive():
+        with self._exclusive():
             self.finish()
             self.index.extend(prompt_ids)
             self._prompt_len = len(self.index)
@@ -298,16 +275,13 @@ class LookupDrafter:
                 self.lead_chances.carry(CARRY)
 
     def finish(self) -> None:
-        """Ends the current request, in this thread: files its tokens (prompt and output) into memory and drops them.
+        """Ends the current request: files its prompt and output into memory and drops them; `stats` stay.
 
-        `stats` still describe the finished request until the next `reset`. The drafter stays this
-        thread's: a loop in another thread still driving the request gets DrafterInUseError at its
-        next call rather than drafting on from nothing. With no tokens it files nothing.
-
-        Raises:
-            DrafterInUseError: a verification loop in another thread holds the drafter.
+        Raises DrafterInUseError where a verification loop in another thread holds the drafter.
         """
-        with self.exclusive():
+        # The drafter stays this thread's: a loop in another thread still driving the request gets
+        # DrafterInUseError at its next call rather than drafting on from nothing. No tokens: nothing filed.
+        with self._exclusive():
             if self.memory is not None and len(self.index):
                 self.memory.add(self.index.tokens)
             self.index.clear()
@@ -327,12 +301,10 @@ class LookupDrafter:
         return self.index.tokens
 
     def extend(self, token_ids) -> None:
-        """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's).
-
-        With predictions, after a draft that read the table, each token counts at the rank the table's
-        row for the token before it held it (before the step that wrote them records its own
-        predictions: record_predictions); after a plain chain, which reads none, nothing is counted.
-        """
+        """Appends verified tokens to the sequence (DrafterInUseError from a thread other than reset's)."""
+        # With predictions, after a draft that read the table, each token counts at the rank the table's
+        # row for the token before it held it (before the step that wrote them records its own
+        # predictions: _record_predictions); after a plain chain, which reads none, nothing is counted.
         self._check_thread()
         self._tree_match_len = None
         start = len(self.index)
@@ -342,12 +314,12 @@ class LookupDrafter:
         if self.lead_chances.pending is not None and len(self.index) > start:  # resolves lookup's first token of a tree draft
             self.lead_chances.written(int(self.index.tokens[start]))
 
-    def reads_predictions(self, *, tree: bool) -> bool:
+    def _reads_predictions(self, *, tree: bool) -> bool:
         """Whether drafts of this kind (trees, or plain chains) read the prediction table: a loop that
         drafts only chains need not compute the model's top-k for it (PREDICTION_CHAIN_NODES is 0)."""
         return self.predictions is not None and (tree or PREDICTION_CHAIN_NODES > 0)
 
-    def record_predictions(self, inputs, predicted) -> None:
+    def _record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` (block entries of a verified step):
         (n,) ids and (n, k) ids, likeliest first. Call after `extend` with the step's tokens."""
         if self.predictions is not None:
@@ -361,21 +333,20 @@ class LookupDrafter:
     def propose(self, num_draft_tokens: int | None = None, *, hedged: bool = False) -> Draft:
         """Drafts a chain of up to `num_draft_tokens` tokens (at most, and by default, the drafter's own).
 
-        The chain is the heaviest path of the candidate trie (see `_fill_trie`): where
-        the longest match occurs only in the prompt, what followed its first occurrence
-        there (unless a document or memory matches 2+ tokens longer); otherwise, where
-        candidates disagree, the continuation of longer and more frequent matches wins,
-        among equals the request's own most recent occurrence. A draft anchored on an
-        match_len-token match has at most ceil(draft_factor * match_len) tokens.
-        With `hedged`, the candidates are a tree's (propose_tree's: more occurrences
-        walked, the prompt's first occurrence beside the rest) and the chain is their
-        heaviest path; `grow_tree` then drafts the tree from them without searching again,
-        so a tree step searches once. (Replayed on the dev traces under a CPU's cost
-        curves, trees sized from the hedged chain do as well as from the plain one: modelled
-        speedups within 0.5%.)
-        Cost: O(walk * max_ngram) to find anchors, O(walk * num_draft_tokens) to merge them,
-        O(first_reach * max_ngram) to find a first occurrence.
+        Anchored on an m-token match, at most ceil(draft_factor * m) tokens. `hedged`: from a tree's
+        candidates (propose_tree's), so that a tree step searches once.
         """
+        # The chain is the heaviest path of the candidate trie (see `_fill_trie`): where
+        # the longest match occurs only in the prompt, what followed its first occurrence
+        # there (unless a document or memory matches 2+ tokens longer); otherwise, where
+        # candidates disagree, the continuation of longer and more frequent matches wins,
+        # among equals the request's own most recent occurrence. With `hedged`, the candidates are a
+        # tree's (propose_tree's: more occurrences walked, the prompt's first occurrence beside the rest)
+        # and the chain is their heaviest path; `_grow_tree` then drafts the tree from them without
+        # searching again. (Replayed on the dev traces under a CPU's cost curves, trees sized from the
+        # hedged chain do as well as from the plain one: modelled speedups within 0.5%.)
+        # Cost: O(walk * max_ngram) to find anchors, O(walk * num_draft_tokens) to merge them,
+        # O(first_reach * max_ngram) to find a first occurrence.
         self._check_thread()
         self._tree_match_len = None
         limit = self._limit(num_draft_tokens)
@@ -393,16 +364,14 @@ class LookupDrafter:
             match_len = 0
         else:
             nodes = nodes[: math.ceil(self.draft_factor * match_len)]
-        return Draft.chain(self._trie.path_tokens(nodes), match_len) if nodes.shape[0] else EMPTY_DRAFT
+        return Draft.chain(self._trie.path_tokens(nodes), match_len, self._trie.origins(nodes)) if nodes.shape[0] else EMPTY_DRAFT
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
-        """Drafts a tree of at most `max_tree_nodes` nodes, branches up to `num_draft_tokens` deep.
-
-        The nodes are the `max_tree_nodes` heaviest of the candidate trie, each node's weight
-        discounted by TREE_DEPTH_DECAY per level (without it, one long candidate takes
-        every node before a branch of slightly lower weight gets one). Parents precede
-        children; `propose`'s chain is the heaviest path (cut by draft_factor there, not here).
-        """
+        """Drafts a tree of at most `max_tree_nodes` nodes, branches up to `num_draft_tokens` deep (parents first)."""
+        # The nodes are the `max_tree_nodes` heaviest of the candidate trie, each node's weight
+        # discounted by TREE_DEPTH_DECAY per level (without it, one long candidate takes
+        # every node before a branch of slightly lower weight gets one); `propose`'s chain is
+        # the heaviest path (cut by draft_factor there, not here).
         self._check_thread()
         self._tree_match_len = None
         limit = self._limit(num_draft_tokens)
@@ -411,17 +380,17 @@ class LookupDrafter:
         self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False, predicted=PREDICTION_TREE_NODES)
         return self._tree(max_tree_nodes, first_class=0)  # whole: blended by weight
 
-    def grow_tree(self, max_tree_nodes: int) -> Draft:
+    def _grow_tree(self, max_tree_nodes: int) -> Draft:
         """A tree of the `max_tree_nodes` heaviest candidates of the last `propose(..., hedged=True)` (or `propose_tree`),
         lookup's before the prediction table's alone (a sized step's tree: see PREDICTION_TREE_NODES).
 
         Raises:
             RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
-        self._searched("grow_tree")
+        self._searched("_grow_tree")
         return self._tree(max_tree_nodes, first_class=self._lookup_nodes)  # sized: lookup's nodes first
 
-    def likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
+    def _likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The `max_tree_nodes` candidates of the last `propose(..., hedged=True)` (or `propose_tree`) the model
         likeliest writes, likeliest first, each one's chance, and what `tree_chances.observe` learns from once they
         are verified: (estimates, which are the table's). A node's chance is its estimate (DraftTrie.likeliest:
@@ -432,10 +401,10 @@ class LookupDrafter:
         Raises:
             RuntimeError: no tree's candidates were searched since the sequence last changed.
         """
-        self._searched("likeliest_tree")
-        token_ids, parents, chances, estimates, table = self._trie.likeliest(
+        self._searched("_likeliest_tree")
+        token_ids, parents, chances, estimates, table, sources = self._trie.likeliest(
             max_tree_nodes, keep_chance, self.tree_chances.correction(self._lookup_nodes))
-        return Draft(token_ids, parents, self._tree_match_len), chances, (estimates, table)
+        return Draft(token_ids, parents, self._tree_match_len, sources), chances, (estimates, table)
 
     def _searched(self, caller: str) -> None:
         self._check_thread()
@@ -446,8 +415,8 @@ class LookupDrafter:
     def _tree(self, max_tree_nodes: int, *, first_class: int) -> Draft:
         if max_tree_nodes < 1 or not len(self._trie):
             return EMPTY_DRAFT
-        token_ids, parents = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY, first_class=first_class)
-        return Draft(token_ids, parents, self._tree_match_len) if token_ids.shape[0] else EMPTY_DRAFT
+        token_ids, parents, sources = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY, first_class=first_class, origins=True)
+        return Draft(token_ids, parents, self._tree_match_len, sources) if token_ids.shape[0] else EMPTY_DRAFT
 
     def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool, predicted: int) -> int:
         """Rebuilds the candidate trie; returns the longest match_len anchoring a lookup candidate (0: none).
@@ -476,7 +445,9 @@ class LookupDrafter:
           request's rank chances, on lookup's scale (w / c: lookup's heaviest first token's
           weight over its keep chance at this match length; 1 without lookup candidates).
         Ties between equal weights go to the earlier added: the prompt's first occurrence,
-        then the most recent, then the table.
+        then the most recent, then the table. A node's origin (its drafted token's source in
+        DraftStats) is the source of the candidate that created it: PROMPT or OUTPUT by where
+        the copied token sits in the request, DOCUMENTS, MEMORY, PREDICTIONS.
         """
         trie = self._trie
         trie.clear()
@@ -489,9 +460,11 @@ class LookupDrafter:
             )
             if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
                 recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
-                for store in (self._document_store, self.memory):
+                for store, origin in ((self._document_store, DOCUMENTS), (self.memory, MEMORY)):
                     if store is not None and len(store):
+                        since = len(trie) + 1
                         store_len = store.add_continuation(trie, recent, num_draft_tokens, match_base=MATCH_BASE, scale=STORE_SCALE)
+                        trie.label(since, origin)
                         match_len = max(match_len, store_len)
         looked_up = max(match_len, substituted) if len(trie) else 0
         self._lookup_nodes = len(trie) + 1
@@ -510,26 +483,22 @@ class LookupDrafter:
         return max(0, self.num_draft_tokens if num_draft_tokens is None else min(num_draft_tokens, self.num_draft_tokens))
 
     # -- transformers' assistant_model protocol ----------------------------------------------
-    # transformers' generate() treats an assistant_model as a model and reads these five
-    # names. One adapter per drafter answers them and owns that loop's per-request state;
-    # it lives in lookahead.integrations.assistant, imported here on first use, so the
-    # drafting core never imports torch or transformers. Note: transformers reads `config`
-    # and `device` while it validates the call, and the adapter checks the call there
-    # (see TransformersAssistant.config). Read on the class (assistant_model=LookupDrafter,
-    # the parentheses forgotten) they raise a TypeError that says so.
+    # transformers' generate() treats an assistant_model as a model: it reads `config`, `device` and
+    # `generation_config`, calls `generate` each step and `_supports_logits_to_keep`. One adapter per
+    # drafter answers them and owns that loop's per-request state (lookahead.integrations.assistant:
+    # TransformersAssistant, whose `config` and `device` getters also check the call). They are
+    # looked up here, not defined on the class, so help(LookupDrafter) lists what a user calls.
 
-    config = _AdapterAttribute()
-    device = _AdapterAttribute()
-    generation_config = _AdapterAttribute()
+    def __getattr__(self, name):
+        """What transformers reads on an assistant_model (config, device, generation_config, generate): the adapter's."""
+        if name in _ADAPTER_NAMES:
+            return getattr(self._transformers_assistant(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _supports_logits_to_keep(self) -> bool:
         return False
 
-    def generate(self, input_ids, **kwargs):
-        """transformers' candidate generator calls this once per verify step (not a model's generate)."""
-        return self.transformers_assistant().generate(input_ids, **kwargs)
-
-    def transformers_assistant(self):
+    def _transformers_assistant(self):
         """The TransformersAssistant that answers transformers' reads on this drafter and owns that loop's state.
 
         Built on first use (which imports lookahead.integrations.assistant), one per drafter.

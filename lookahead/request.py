@@ -17,7 +17,9 @@ written once.
 
 import numpy as np
 
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, Draft, DraftSource, StepPlan
+from lookahead.draft import (
+    DEFAULT_MAX_TREE_NODES, DRAFTED, NO_ROOM, NONE_FOUND, NOT_PAID, RARELY_KEPT, RARELY_KEPT_BELOW, Draft, DraftSource, StepPlan,
+)
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.sizing.rules import chain_size, tree_gain, tree_size
@@ -55,6 +57,7 @@ class Request:
         self.last: StepPlan | None = None  # the plan of the step being verified
         self.estimates = None  # its likeliest tree, nodes verified, estimated chances, which are the table's (commit_tree): learnt from once verified
         self.position = 0  # tokens the drafter had seen when `last` was drafted
+        self.room = -1  # the room the last propose had (0: none left; the stats' NO_ROOM)
 
     def _new_slot(self) -> None:
         if self.sized:
@@ -79,18 +82,23 @@ class Request:
 
     def propose(self, room: int, *, hedged: bool = False) -> Draft:
         """The drafter's chain of at most `room` tokens (`hedged`: from a tree's candidates, see DraftSource.propose)."""
+        self.room = room
         return self.drafter.propose(room, hedged=hedged)
 
     def keep_chance(self, chain: Draft) -> float:
         """The chance that a token of `chain` is kept (0.5 before anything is learnt); 1.0 unsized."""
         return kernels.keep_chance(self.slots.keep, self.slots.overall, 0, chain.match_len) if self.slots is not None else 1.0
 
-    def commit(self, chain: Draft, size: int, draft: Draft | None = None, gain: float = 1.0) -> StepPlan:
+    def commit(self, chain: Draft, size: int, draft: Draft | None = None, gain: float = 1.0, *, no_draft: int = DRAFTED) -> StepPlan:
         """The step verifies `draft` (default: the chain's first `size` tokens), sized as `size` tokens of `chain`
-        (`gain`: StepPlan's)."""
+        (`gain`: StepPlan's). An empty draft's reason (draft.NO_DRAFT_REASONS) is `no_draft`, if the caller
+        knows it, else read here: none found, no room, or the sizer's width 0 (rarely kept, or it did not pay)."""
         plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size, gain)
         self.last, self.position = plan, self.drafter.num_tokens
-        self.drafter.stats.record(len(plan.draft))
+        if not len(plan.draft) and no_draft == DRAFTED:
+            no_draft = (NONE_FOUND if self.room else NO_ROOM) if not len(chain) else \
+                RARELY_KEPT if self.keep_chance(chain) < RARELY_KEPT_BELOW else NOT_PAID
+        self.drafter.stats.record(len(plan.draft), sources=plan.draft.source_codes(), no_draft=no_draft)
         if self.slots is not None and len(chain):
             if len(chain) > self.slots.k:
                 self.slots.widen(max(len(chain), 2 * self.slots.k))
@@ -103,6 +111,7 @@ class Request:
         whole), or with `tree` the tree of the nodes that cost as much (unsized: the drafter's whole tree);
         `promise`: a sized tree's plan carries its gain (commit_tree)."""
         drafter = self.drafter
+        self.room = room
         if tree and (cost is None or self.slots is None):
             whole = drafter.propose_tree(room, max_tree_nodes=max_tree_nodes)
             return self.commit(whole.prefix(0), 0, whole)
@@ -119,7 +128,7 @@ class Request:
         tree trial reads it: LoopCosts.observe). Once verified, the drafter's tree chances learn from the nodes the
         step tells the truth of (told_nodes)."""
         chance = self.keep_chance(chain)
-        tree, chances, (estimates, table) = self.drafter.likeliest_tree(max_tree_nodes, chance)
+        tree, chances, (estimates, table) = self.drafter._likeliest_tree(max_tree_nodes, chance)
         nodes = tree_size(chances, cost)
         size = chain_size(chance, len(chain), cost) if len(chain) else 0
         plan = self.commit(chain, size, tree.prefix(nodes), tree_gain(chances[:nodes], chance, size, cost) if promise else 1.0)
@@ -134,7 +143,10 @@ class Request:
         plan, written = self.last, written.tolist() if hasattr(written, "tolist") else list(written)
         if plan is not None:
             kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
-            self.drafter.stats.record_accepted(kept)
+            sources = plan.draft.source_codes()
+            # the kept nodes' sources: a chain's first `kept`; a tree's on the path of the kept tokens (parents first)
+            sources = sources[:kept] if plan.draft.is_chain or not kept else sources[on_path(plan.draft, written[:kept])]
+            self.drafter.stats.record_accepted(kept, written=written, sources=sources)
             if self.estimates is not None:
                 tree, nodes, estimates, table = self.estimates
                 told, kept_paths = told_nodes(tree, nodes, written, kept)
@@ -147,7 +159,7 @@ class Request:
             tokens = self.drafter.tokens
             kernels.learn_row(self.slots.state(), 0, tokens, tokens.shape[0], len(written), verified)
         if predicted is not None:
-            self.drafter.record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
+            self.drafter._record_predictions(*predicted)  # after extend: the written tokens were ranked against the table before
 
     def discard(self) -> None:
         """The last plan was not verified (a server dropped it): nothing is learnt from it."""

@@ -16,10 +16,15 @@ Buffers (allocated once, grown by the class, never inside a kernel):
     weight  float64[cap]  # summed weight of the candidates through node
     child   int64[cap]    # first child of node, -1 if none
     sibling int64[cap]    # next child of the same parent, -1 if none; siblings in creation order
+    origin  int8[cap]     # origin[node]: the source whose candidate created it (draft.PROMPT, OUTPUT, ...: draft.SOURCES)
+
+A node several sources propose keeps the origin of the first that did (candidates are added the
+prompt's first occurrence first, then the request's own occurrences, documents, memory, the
+prediction table): what a stats line credits to a source (draft.DraftStats.by_source).
 
 Kernels take the trie as one tuple, `trie = (token, parent, weight, child, sibling, eos,
-vocab_limit)` (`DraftTrie.arrays`): the buffers, then what no path runs into (the int64 ids
-`eos`, and any id >= vocab_limit); the index as kernels.py's `index` tuple; a public
+vocab_limit, origin)` (`DraftTrie.arrays`): the buffers, then what no path runs into (the int64 ids
+`eos`, and any id >= vocab_limit), then the origins; the index as kernels.py's `index` tuple; a public
 kernel's options as a small tuple, named where it unpacks them (the vLLM proposer calls
 them so), a private helper's as named scalars. A kernel that adds nodes takes the node
 count and returns (or writes to out[0]) the new one.
@@ -28,6 +33,7 @@ count and returns (or writes to out[0]) the new one.
 import numpy as np
 from numba import njit
 
+from lookahead.draft import OUTPUT, PREDICTIONS, PROMPT
 from lookahead.index import IndexBuffers, TokenIndex, kernels
 from lookahead.index.kernels import EMPTY
 
@@ -69,15 +75,19 @@ def _child(trie, node, t, count):
 
 
 @njit(cache=True, inline="always")
-def _add_path(source, start, stop, w, trie, count):
+def _add_path(source, start, stop, w, trie, count, prompt_len):
     # Adds source[start:stop], cut before any token in eos or >= vocab_limit, with weight w; returns the new count.
-    weight = trie[2]
+    # A node it creates has origin PROMPT where its token sits in source[:prompt_len], else OUTPUT.
+    weight, origin = trie[2], trie[7]
     node = 0
     for pos in range(start, stop):
         t = source[pos]
         if not _takes(trie, t):
             return count
+        created = count
         node, count = _child(trie, node, t, count)
+        if count > created:
+            origin[node] = PROMPT if pos < prompt_len else OUTPUT
         weight[node] += w
     return count
 
@@ -91,12 +101,12 @@ def add_paths(source, starts, weights, num_draft_tokens, trie, count):
     """
     for i in range(starts.shape[0]):
         stop = min(starts[i] + num_draft_tokens, source.shape[0])
-        count = _add_path(source, starts[i], stop, weights[i], trie, count)
+        count = _add_path(source, starts[i], stop, weights[i], trie, count, 0)
     return count
 
 
 @njit(cache=True, inline="always")
-def _add_occurrences(index, query_len, first_end, trie, count, out, walking):
+def _add_occurrences(index, query_len, first_end, trie, count, out, walking, prompt_len):
     # Walks the prev chain (kernels.index_ends) from first_end over at most `walk` occurrences
     # of the query tokens[:query_len], most recent first. One whose last m tokens agree with
     # the query's (min_match <= m <= max_ngram) adds tokens[end + shift : end + shift +
@@ -118,7 +128,7 @@ def _add_occurrences(index, query_len, first_end, trie, count, out, walking):
             start, w = end + shift, scale * match_base**m
             if skip_scale > 0.0 and start < n - 1 and tokens[start] == tokens[n - 1]:
                 start, w = start + 1, skip_scale * match_base**m
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, trie, count)
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), w, trie, count, prompt_len)
             if m > best_len:
                 best_len, best_end = m, end
         end = prev[end]
@@ -183,21 +193,21 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
     if match_len and ends[match_len] < source_len:  # its most recent occurrence is in the source: all are
         first = _oldest_occurrence(index, ends[min_ngram], match_len, first_reach)
         if first >= 0:
-            count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, trie, count)
+            count = _add_path(tokens, first + 1, min(first + 1 + num_draft_tokens, n), match_base**match_len, trie, count, source_len)
             if first_only and first + 1 + num_draft_tokens <= n:
                 out[0], out[1] = count, match_len
                 return
     if match_len:
         # matches: continued right after the occurrence (shift 1), at full weight, no skip
-        _add_occurrences(index, n, ends[min_ngram], trie, count, out, (match_base, num_draft_tokens, walk, 1, 1, 1.0, 0.0))
+        _add_occurrences(index, n, ends[min_ngram], trie, count, out, (match_base, num_draft_tokens, walk, 1, 1, 1.0, 0.0), source_len)
         count = out[0]
         if out[1] < match_len:  # the walk stopped before it (a frequent last token)
             start = ends[match_len] + 1
-            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, trie, count)
+            count = _add_path(tokens, start, min(start + num_draft_tokens, n), match_base**match_len, trie, count, source_len)
     # substitutions: the suffix without its last token, from the previous occurrence of the gram ending at
     # n - 2 (indexed: only n - 1 is not), 2+ tokens matched, continued one token later (shift 2)
     _add_occurrences(index, n - 1, prev[n - 2], trie, count, out,
-                     (match_base, num_draft_tokens, substitution_walk, 2, 2, substitution_scale, skip_scale))
+                     (match_base, num_draft_tokens, substitution_walk, 2, 2, substitution_scale, skip_scale), source_len)
     out[2] = out[1]
     out[1] = match_len
 
@@ -209,7 +219,7 @@ def add_longest_match(index, query, options, trie, count, ends, out):
     options = (num_draft_tokens, match_base, scale, stop_token). The continuation
     tokens[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token (-1: none)
     and before any token in eos or >= vocab_limit; it weighs scale * match_base**m for an
-    m-token match. Writes (count, m) to out (m = 0: no suffix of at least min_ngram
+    m-token match. Its new nodes' origin is OUTPUT (the caller labels them: DraftTrie.label). Writes (count, m) to out (m = 0: no suffix of at least min_ngram
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
     num_draft_tokens, match_base, scale, stop_token = options
@@ -222,7 +232,7 @@ def add_longest_match(index, query, options, trie, count, ends, out):
             if source[pos] == stop_token:
                 stop = pos
                 break
-        count = _add_path(source, start, stop, scale * match_base**match_len, trie, count)
+        count = _add_path(source, start, stop, scale * match_base**match_len, trie, count, 0)
     out[0], out[1] = count, match_len
 
 
@@ -252,14 +262,14 @@ def add_predictions(ids, root_token, chances, options, trie, count, heap):
     keep chances, predictions.RankChances). The `budget` likeliest paths of at most max_depth
     tokens (a path's prefixes are likelier than it, so they come first) each add
     scale * probability to their last node, found or created: where the table agrees with a
-    candidate already in the trie, their weights add. A node's added weight is at least its
+    candidate already in the trie, their weights add (a node it creates has origin PREDICTIONS). A node's added weight is at least its
     children's, so weights still only shrink along a path. Paths stop before any eos id or
     id >= vocab_limit (its descendants are not expanded).
     options = (budget, max_depth, scale). heap: (score float64, parent node, token, depth, seq)
     arrays of at least budget * k + k entries. Cost: O(budget * k * log(budget * k) + budget * branching).
     """
     budget, max_depth, scale = options
-    weight = trie[2]
+    weight, origin = trie[2], trie[7]
     score, node_of, token_of, depth_of, seq_of = heap
     rows, k = ids.shape
     size = 0
@@ -300,7 +310,10 @@ def add_predictions(ids, root_token, chances, options, trie, count, heap):
         if not _takes(trie, t):
             depth = max_depth  # not added, not expanded
             continue
+        created = count
         node, count = _child(trie, parent, t, count)
+        if count > created:
+            origin[node] = PREDICTIONS
         weight[node] += scale * p
         added += 1
 
@@ -314,7 +327,7 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
     never scores above its parent, and ties go to the earlier-created node, so a parent always
     comes before its children: the result is closed under parent. O(count log count).
     """
-    _, parent, weight, _, _, _, _ = trie
+    _, parent, weight, _, _, _, _, _ = trie
     if count <= 1:
         return 0
     score = np.empty(count - 1, dtype=np.float64)
@@ -349,7 +362,7 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_no
     earlier-created node (a parent precedes its children): every prefix of the result is closed
     under parent. O(count log count).
     """
-    _, parent, weight, _, _, _, _ = trie
+    _, parent, weight, _, _, _, _, _ = trie
     first_class, bands, errors = correction
     if count <= 1:
         return 0
@@ -381,7 +394,7 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_no
 def heaviest_path(trie, max_len, first_class, out_nodes):
     """Follows the heaviest child from the root (ties: the earliest created), a child created before
     `first_class` over any later one; writes its nodes. Returns the length."""
-    _, _, weight, child, sibling, _, _ = trie
+    _, _, weight, child, sibling, _, _, _ = trie
     node = 0
     length = 0
     while length < max_len:
@@ -406,7 +419,7 @@ def path_shares(trie, nodes, length, out):
     nodes[i]: the product, over j <= i, of node j's weight over the summed weight of its parent's children
     (1.0 where the path never branches), the candidates' own estimate that the path's first i + 1 tokens follow.
     Cost: O(length x siblings)."""
-    _, parent, weight, child, sibling, _, _ = trie
+    _, parent, weight, child, sibling, _, _, _ = trie
     share = 1.0
     for i in range(length):
         node = nodes[i]
@@ -438,11 +451,12 @@ class DraftTrie:
         if not _warmed_up:
             _warmed_up = True  # before: warm_up builds a DraftTrie itself
             warm_up()
-        self._token = np.zeros(0, dtype=np.int64)  # (cap,) see the module docstring for all five
+        self._token = np.zeros(0, dtype=np.int64)  # (cap,) see the module docstring for all six
         self._parent = np.zeros(0, dtype=np.int64)
         self._weight = np.zeros(0, dtype=np.float64)
         self._child = np.zeros(0, dtype=np.int64)
         self._sibling = np.zeros(0, dtype=np.int64)
+        self._origin = np.zeros(0, dtype=np.int8)
         self._count = 0
         self._out = np.zeros(3, dtype=np.int64)  # (3,) add_suffix_candidates' results
         self._ends = np.zeros(kernels.MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) its scratch
@@ -475,15 +489,24 @@ class DraftTrie:
 
     @property
     def arrays(self) -> tuple:
-        """The tuple the kernels take (module docstring): the buffers, eos and vocab_limit; stale once the trie grows."""
+        """The tuple the kernels take (module docstring): the buffers, eos, vocab_limit, origins; stale once the trie grows."""
         return self._arrays
 
     def _pack(self) -> None:
-        self._arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit)
+        self._arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit,
+                        self._origin)
 
     def __len__(self) -> int:
         """Nodes, the root excluded."""
         return self._count - 1
+
+    def label(self, since: int, origin: int) -> None:
+        """Gives the nodes created from node `since` on (len(self) + 1 before the call that added them) `origin`."""
+        self._origin[since : self._count] = origin
+
+    def origins(self, nodes: np.ndarray) -> np.ndarray:
+        """(len(nodes),) int8: each node's origin (draft.SOURCES codes), a copy."""
+        return self._origin[nodes]
 
     def clear(self) -> None:
         self._token[0], self._parent[0], self._weight[0] = -1, -1, 0.0
@@ -570,23 +593,25 @@ class DraftTrie:
         self._count = add_predictions(ids, root_token, chances, (budget, max_depth, float(scale)), self._arrays, self._count,
                                       self._heap)
 
-    def tree(self, max_tree_nodes: int, depth_decay: float = 1.0, *, first_class: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def tree(self, max_tree_nodes: int, depth_decay: float = 1.0, *, first_class: int = 0, origins: bool = False) -> tuple:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight
         discounted by depth_decay (<= 1) per level, the nodes created before `first_class` first;
-        parents precede children, -1 is the root."""
+        parents precede children, -1 is the root. `origins`: their origins too, a third array."""
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
         nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, first_class, nodes)]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(nodes.shape[0])
+        if origins:
+            return self._token[nodes], slot[self._parent[nodes]], self._origin[nodes]
         return self._token[nodes], slot[self._parent[nodes]]
 
     def likeliest(self, max_tree_nodes: int, keep_chance: float, correction=None) -> tuple[np.ndarray, ...]:
         """(token ids, parent indices, chances, estimates, table) of the max_tree_nodes nodes the model likeliest
         writes the root path of, likeliest first (see the kernel likeliest_nodes; `correction` its (first_class,
         bands, errors), None: chances are the estimates): every prefix is a tree, parents before children, -1 the
-        root; `table` (bool) marks the nodes created at or after first_class."""
+        root; `table` (bool) marks the nodes created at or after first_class; then their origins (int8)."""
         correction = NO_CORRECTION if correction is None else correction
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
         estimates = np.empty(nodes.shape[0], dtype=np.float64)
@@ -595,13 +620,14 @@ class DraftTrie:
         nodes = nodes[:taken]
         slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
         slot[nodes] = np.arange(taken)
-        return self._token[nodes], slot[self._parent[nodes]], chances[:taken], estimates[:taken], nodes >= correction[0]
+        return (self._token[nodes], slot[self._parent[nodes]], chances[:taken], estimates[:taken], nodes >= correction[0],
+                self._origin[nodes])
 
     def _reserve(self, capacity: int) -> None:
         if capacity <= self._token.shape[0]:
             return
         capacity = max(capacity, 2 * self._token.shape[0])
-        for name in ("_token", "_parent", "_child", "_sibling", "_weight"):
+        for name in ("_token", "_parent", "_child", "_sibling", "_weight", "_origin"):
             old = getattr(self, name)
             grown = np.zeros(capacity, dtype=old.dtype)
             grown[: old.shape[0]] = old

@@ -158,16 +158,16 @@ def test_a_hedged_chain_and_its_grown_tree_equal_propose_tree_from_one_search():
         for nodes in (1, 7, 64):
             tree = drafter.propose_tree(room, max_tree_nodes=nodes)
             chain = drafter.propose(room, hedged=True)
-            grown = drafter.grow_tree(nodes)
+            grown = drafter._grow_tree(nodes)
             assert grown.token_ids.tolist() == tree.token_ids.tolist() and grown.parents.tolist() == tree.parents.tolist()
             assert grown.match_len == tree.match_len == chain.match_len
             assert not len(chain) or int(chain.token_ids[0]) in tree.token_ids[tree.parents == -1].tolist()  # the heaviest first node
         drafter.extend(rng.integers(0, 6, int(rng.integers(1, 4))))
-        with pytest.raises(RuntimeError, match="grow_tree drafts from the last propose"):
-            drafter.grow_tree(8)  # the sequence changed: the candidates are stale
+        with pytest.raises(RuntimeError, match="_grow_tree drafts from the last propose"):
+            drafter._grow_tree(8)  # the sequence changed: the candidates are stale
     drafter.propose(8)
-    with pytest.raises(RuntimeError, match="grow_tree"):
-        drafter.grow_tree(8)  # a plain chain's candidates are not a tree's
+    with pytest.raises(RuntimeError, match="_grow_tree"):
+        drafter._grow_tree(8)  # a plain chain's candidates are not a tree's
 
 
 def test_chain_follows_the_continuation_most_occurrences_agree_on():

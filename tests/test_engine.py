@@ -319,17 +319,17 @@ class TreeSpy(LookupDrafter):
         super().__init__(**options)
         self.trees = 0
 
-    def grow_tree(self, *args, **kwargs):
+    def _grow_tree(self, *args, **kwargs):
         self.trees += 1
-        return super().grow_tree(*args, **kwargs)
+        return super()._grow_tree(*args, **kwargs)
 
     def propose_tree(self, *args, **kwargs):
         self.trees += 1
         return super().propose_tree(*args, **kwargs)
 
-    def likeliest_tree(self, *args, **kwargs):
+    def _likeliest_tree(self, *args, **kwargs):
         self.trees += 1
-        return super().likeliest_tree(*args, **kwargs)
+        return super()._likeliest_tree(*args, **kwargs)
 
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]

@@ -134,7 +134,7 @@ def learnt_drafter(**options) -> LookupDrafter:
     """A drafter whose table has seen the model predict 5 -> (6, 7), 6 -> (2, 8), 7 -> (9,), 8 -> (3,)."""
     drafter = LookupDrafter(memory=False, eos_token_id=2, vocab_size=9, **options)
     drafter.reset([1, 4])
-    drafter.record_predictions([5, 6, 7, 8], np.array([[6, 7], [2, 8], [9, 1], [3, 4]]))
+    drafter._record_predictions([5, 6, 7, 8], np.array([[6, 7], [2, 8], [9, 1], [3, 4]]))
     return drafter
 
 
@@ -152,7 +152,7 @@ def test_predictions_false_or_lookup_alone():
     drafter = LookupDrafter(memory=False, predictions=False)
     assert drafter.predictions is None
     drafter.reset([1, 4])
-    drafter.record_predictions([5], np.array([[6, 7]]))  # nothing to record into
+    drafter._record_predictions([5], np.array([[6, 7]]))  # nothing to record into
     drafter.extend([5, 6, 5])
     assert drafter.propose(4).token_ids.tolist() == [6, 5]  # lookup alone: what followed the last 5
     table_alone = learnt_drafter()
@@ -173,8 +173,8 @@ def test_a_whole_tree_weighs_lookup_by_how_its_first_tokens_have_held_and_a_size
         assert tree.token_ids.tolist() == [heaviest]
         chain = drafter.propose(3, hedged=True)  # sized: lookup's chain whenever it has one
         assert chain.token_ids.tolist()[0] == 3 and chain.match_len == 2
-        assert drafter.grow_tree(1).token_ids.tolist() == [3]  # and lookup's nodes before the table's alone
-        assert 6 in drafter.grow_tree(8).token_ids.tolist()  # the table's fill what lookup leaves
+        assert drafter._grow_tree(1).token_ids.tolist() == [3]  # and lookup's nodes before the table's alone
+        assert 6 in drafter._grow_tree(8).token_ids.tolist()  # the table's fill what lookup leaves
 
 
 def test_rank_chances_count_what_the_model_wrote_against_the_table_before_the_step():
@@ -205,7 +205,7 @@ def test_ranks_are_counted_after_drafts_that_read_the_table_and_not_after_plain_
 def test_siblings_share_the_table_and_a_table_can_be_shared():
     table = PredictionTable()
     parent = LookupDrafter(predictions=table)
-    assert parent.sibling().predictions is table and parent.predictions is table
+    assert parent._sibling().predictions is table and parent.predictions is table
     with pytest.raises(TypeError, match="predictions must be"):
         LookupDrafter(predictions="yes")
 

@@ -107,7 +107,7 @@ def test_direct_calls_from_another_thread_are_refused():
 def test_finish_while_another_thread_holds_the_drafter_is_refused():
     drafter = LookupDrafter()
     drafter.reset([1, 2, 3, 1, 2])
-    with drafter.exclusive():  # a loop's step in this thread
+    with drafter._exclusive():  # a loop's step in this thread
         with pytest.raises(DrafterInUseError):
             run_in_threads(drafter.finish)
     assert drafter.num_tokens == 5  # nothing was filed or dropped

@@ -41,8 +41,9 @@ def test_validate_generation_mode_frame_refuses_what_the_loop_cannot_verify(opti
 def test_candidate_generator_frame_refuses_a_batch():
     model = tiny_model("llama")
     input_ids = torch.tensor([[5, 6, 7], [7, 8, 9]])
-    with pytest.raises(UnsupportedGenerationError, match="batch has 2"):
+    with pytest.raises(UnsupportedGenerationError, match="batch has 2") as error:
         model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5, assistant_model=LookupDrafter())
+    assert "lookahead.generate(model, input_ids, attention_mask=..., drafter=" in str(error.value)  # the error names the fix
 
 
 def test_candidate_generator_frame_refuses_a_static_cache_object():
@@ -84,7 +85,7 @@ def test_assisted_decoding_frame_gives_the_stop_strings_a_draft_is_cut_before():
     drafter = LookupDrafter(draft_factor=16, cost_aware=False)
     out = model.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=60, do_sample=False,
                          stop_strings=stop, tokenizer=tokenizer)
-    assert [c.stop_strings for c in drafter.transformers_assistant().stop_strings] == [(stop,)]
+    assert [c.stop_strings for c in drafter._transformers_assistant().stop_strings] == [(stop,)]
     new = out[0, len(prompt) :].tolist()
     assert new == plain_ids[: len(new)]
     assert stop in tokenizer.decode(new) and stop not in tokenizer.decode(new[:-1])

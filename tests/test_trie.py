@@ -105,7 +105,7 @@ def test_likeliest_nodes_come_likeliest_first_and_every_prefix_is_a_tree(candida
         corrected = estimate[path] + errors[int(node[path] >= first_class), np.searchsorted(bands, estimate[path], side="right")]
         expected[path] = min(max(corrected, 0.0), expected.get(path[:-1], 1.0))
     for correction, want in ((None, estimate), ((first_class, bands, errors), expected)):
-        ids, parents, chances, estimates, table = trie.likeliest(max_tree_nodes, keep_chance, correction)
+        ids, parents, chances, estimates, table, _ = trie.likeliest(max_tree_nodes, keep_chance, correction)
         assert ids.shape[0] == chances.shape[0] == estimates.shape[0] == table.shape[0] == min(max_tree_nodes, len(estimate))
         assert all(p < i for i, p in enumerate(parents.tolist()))  # parents first: every prefix is closed under parent
         paths = []
@@ -123,7 +123,7 @@ def test_a_chains_likeliest_nodes_have_the_chain_rules_chances():
     trie.add(np.array([5, 6, 7], dtype=np.int64), np.array([0]), np.array([1.0]), 3)
     assert trie.likeliest(8, 0.5)[2].tolist() == pytest.approx([0.5, 0.25, 0.125])  # keep_chance ** j
     trie.add(np.array([9], dtype=np.int64), np.array([0]), np.array([1.0]), 1)  # an equal sibling: the two share the parent's whole chance
-    ids, _, chances, _, _ = trie.likeliest(8, 0.9)
+    ids, _, chances, _, _, _ = trie.likeliest(8, 0.9)
     assert ids.tolist()[:2] == [5, 9] and chances.tolist()[:2] == pytest.approx([0.5, 0.5])
 
 

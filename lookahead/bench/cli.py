@@ -15,6 +15,8 @@ from pathlib import Path
 from lookahead.bench.replay import (
     SOURCES, TRACE_VOCAB_SIZE, drafter_for, load_trace, parse_costs, replay_hf, replay_lookahead, replay_recorded, result,
 )
+from lookahead.bench.show import add_arguments as add_show_arguments
+from lookahead.bench.show import run as run_show
 from lookahead.bench.tables import format_table
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
@@ -34,6 +36,8 @@ examples:
       runs (how to write the file: {TRACE_DOC})
   lookahead bench --quick
       plain generate() against prompt lookup and ours on an offline stand-in model, in about a minute
+  lookahead show MODEL --prompt "..." --html drafts.html
+      the generated text with each kept draft marked by where it came from
 
 `lookahead COMMAND --help` lists a command's options."""
 
@@ -53,7 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     add_replay_parser(commands)
     add_bench_parser(commands)
+    add_show_parser(commands)
     return parser
+
+
+def add_show_parser(commands) -> argparse.ArgumentParser:
+    show = commands.add_parser(
+        "show", help="run a model on a prompt and show where the drafts came from",
+        description="Generates with a LookupDrafter and prints the text with each kept drafted span marked by its source "
+                    "(prompt, output so far, memory, documents, the model's predictions), and tokens per forward pass.",
+        epilog="example:\n  lookahead show ../shared/models/stories260K --prompt \"Once upon a time\" --runs 2 --html drafts.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_show_arguments(show)
+    show.set_defaults(run=run_show)
+    return show
 
 
 def add_replay_parser(commands) -> argparse.ArgumentParser:

@@ -72,7 +72,7 @@ class Batch:
         nodes = 1 + (CHAIN_WALK[0] + CHAIN_WALK[1] + 4) * num_draft_tokens  # add_suffix_candidates' bound, and 2 stores
         eos = np.fromiter(sorted(as_id_set(eos_token_id)), dtype=np.int64)
         trie = (np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), np.zeros(nodes, np.float64),
-                np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT)  # (node,) trie.py's layout
+                np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT, np.zeros(nodes, np.int8))  # (node,) trie.py's layout
         self._work = (trie, np.zeros(MAX_NGRAM + 1, dtype=np.int64), np.zeros(3, dtype=np.int64))  # advance's scratch
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
         self._options = (min_ngram, max_ngram, float(draft_factor), memory is not None)

@@ -261,7 +261,7 @@ def advance(rows, slots, index, docs, memory, options, work, out):
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
         return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
-    token, parent, weight, child, sibling, _, _ = trie
+    token, parent, weight, child, sibling, _, _, _ = trie
     doc_arena, doc_n = docs
     for r in range(num_rows):
         s = rows_slot[r]

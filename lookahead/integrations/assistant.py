@@ -37,11 +37,11 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from lookahead.draft import Draft
+from lookahead.draft import DRAFTED, STOP_STRING, Draft
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.calibration import step_costs
 from lookahead.integrations.hf import caller_locals, first_stop, vocab_size
-from lookahead.integrations.support import ALTERNATIVE, check_candidate_generator_inputs, check_generation_mode, eos_ids
+from lookahead.integrations.support import BATCH_ALTERNATIVE, check_candidate_generator_inputs, check_generation_mode, eos_ids
 from lookahead.request import Request
 from lookahead.sizing.rules import chain_size
 
@@ -58,7 +58,7 @@ class TransformersAssistant:
 
     The drafter is a LookupDrafter: a draft.DraftSource, driven through the request's state
     (lookahead.request.Request), and `num_draft_tokens`, `cost_aware`, `eos_option` /
-    `eos_token_ids`, `vocab_size` and `exclusive()`. With `cost_aware`, each draft is cut to
+    `eos_token_ids`, `vocab_size` and `_exclusive()`. With `cost_aware`, each draft is cut to
     what verifying it on the target pays for (lookahead.sizing).
     """
 
@@ -121,7 +121,7 @@ class TransformersAssistant:
         """
         if input_ids.shape[0] != 1:
             raise UnsupportedGenerationError(
-                f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {ALTERNATIVE}"
+                f"LookupDrafter drafts for one sequence, got batch size {input_ids.shape[0]}. {BATCH_ALTERNATIVE}"
             )
         # One step at a time: between this request's steps another thread's request may
         # start (reset); then this request's next extend raises, before any state is read.
@@ -130,7 +130,7 @@ class TransformersAssistant:
             loop = caller_locals("_assisted_decoding")
             criteria = loop.get("stopping_criteria") if loop is not None else None
             self.stop_strings = [c for c in criteria or () if isinstance(c, StopStringCriteria)]
-        with self.drafter.exclusive():
+        with self.drafter._exclusive():
             return self._step(input_ids, max_new_tokens, generation_config, new_request=new_request)
 
     def _start(self, input_ids, generation_config) -> None:
@@ -160,7 +160,7 @@ class TransformersAssistant:
                     self.costs.observe(1, width, time.perf_counter() - started)
         self.indexed = input_ids.shape[1]
 
-        chain, size, draft = self._draft(request, input_ids, max_new_tokens)
+        chain, size, draft, no_draft = self._draft(request, input_ids, max_new_tokens)
         sampling = bool(generation_config.do_sample)
         if not len(draft) and max_new_tokens > 0:  # the last token read only here: a device sync on a GPU
             last, eos = int(input_ids[0, -1]), self.drafter.eos_token_ids
@@ -171,7 +171,7 @@ class TransformersAssistant:
                 # prompt ending in EOS ended generation where plain generate writes on. Never an EOS.
                 guess = last if sampling and last not in eos else next(t for t in range(len(eos) + 1) if t not in eos)
                 draft = Draft.chain(np.asarray([guess], dtype=np.int64))
-        request.commit(chain, size, draft)
+        request.commit(chain, size, draft, no_draft=no_draft)
         # Timed from here to the next call: the target's verify forward and the loop around it
         # (the request's first: the prefill, the prompt and the draft in one forward of `width` tokens).
         self.step_started = (time.perf_counter(), (input_ids.shape[1] if new_request else 1) + len(draft), new_request)
@@ -190,15 +190,17 @@ class TransformersAssistant:
             scores = (self.placeholder,) * max(1, len(draft))
         return SimpleNamespace(sequences=sequences, scores=scores, cache=None, past_key_values=None)  # the cache's two names
 
-    def _draft(self, request: Request, input_ids, room: int) -> tuple[Draft, int, Draft]:
-        """(the chain, the tokens of it offered, the chain cut to them and before a stop string's completion)."""
+    def _draft(self, request: Request, input_ids, room: int) -> tuple[Draft, int, Draft, int]:
+        """(the chain, the tokens of it offered, the chain cut to them and before a stop string's completion,
+        STOP_STRING where that cut it to none, else DRAFTED: Request.commit reads why)."""
         chain = request.propose(room)
-        size = len(chain)
+        size, no_draft = len(chain), DRAFTED
         if self.costs is not None and size:
             size = chain_size(request.keep_chance(chain), size, self.costs)
         if self.stop_strings and size:
             size = first_stop(self.stop_strings, input_ids[0], chain.token_ids[:size])
-        return chain, size, chain.prefix(size)
+            no_draft = DRAFTED if size else STOP_STRING
+        return chain, size, chain.prefix(size), no_draft
 
 
 def one_hot_scores(candidates: torch.Tensor, vocab_size: int | None, device) -> tuple[torch.Tensor, ...]:

@@ -17,7 +17,7 @@ the model.
 
 A single unpadded row drafts with the caller's drafter (its index holds the request
 afterwards, as after `assistant_model=`), streams, and can return scores, logits and the
-cache; the rows of a batch draft with siblings (`LookupDrafter.sibling`: its options,
+cache; the rows of a batch draft with siblings (`LookupDrafter._sibling`: its options,
 memory and documents shared), each filed into memory as it finishes.
 """
 
@@ -76,15 +76,19 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
              drafter: LookupDrafter | None = None, assistant: LookupDrafter | None = None, tree: bool | None = None,
              max_tree_nodes: int = DEFAULT_MAX_TREE_NODES, streamer=None, tokenizer=None, stop_strings: str | list[str] | None = None,
              record_rejected: bool = True, **kwargs):
-    """Generates with drafts verified by `model`, chains or whole trees per forward pass, one row or a batch.
+    """Generates with drafts verified by `model`: one row or a batch, chains or trees per forward pass.
 
-    Call it directly, `lookahead.generate(model, input_ids, drafter=LookupDrafter(), max_new_tokens=64)`,
-    or through transformers: `model.generate(**inputs, custom_generate=lookahead.generate,
-    assistant=LookupDrafter())`. Either way transformers prepares the logits processors,
-    stopping criteria and config as for plain generate. On the custom_generate path
-    transformers does not forward `streamer` (we read it from its frame) or `tokenizer`:
-    for stop_strings there, bind it, `custom_generate=functools.partial(lookahead.generate,
-    tokenizer=tokenizer)`.
+    Which entry point (outputs equal plain generate's in each):
+    - most users: `model.generate(**inputs, assistant_model=LookupDrafter())`, transformers' own loop;
+    - batches, and trees drafted from the model's own predictions (where verifying is nearly free:
+      a GPU): this function, `lookahead.generate(model, input_ids, attention_mask=...,
+      drafter=LookupDrafter(), max_new_tokens=64)`;
+    - this loop through model.generate: `model.generate(**inputs, custom_generate=lookahead.CUSTOM_GENERATE,
+      trust_remote_code=True, assistant=LookupDrafter())`.
+    transformers prepares the logits processors, stopping criteria and config as for plain generate.
+    After the call, `print(drafter.stats)` says what each source drafted and had kept, and
+    `drafter.stats.render(tokenizer, html="drafts.html")` shows where each kept token came from.
+    After the call, `print(drafter.stats)` says what each source drafted and had kept.
 
     Args:
         model: a decoder-only transformers model.
@@ -93,12 +97,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         drafter: the LookupDrafter (a fresh one if not given). Its `cost_aware` decides
             whether drafts are cut to what verifying them pays (lookahead.sizing): a chain to
             its tokens that pay, a one-row tree to its likeliest nodes that do.
-        assistant: the same, under the name transformers' custom_generate convention uses.
-        tree: draft trees, or chains (default: where the family supports trees, unsized
-            drafts are trees, and sized ones are where our tree steps cost no more than chain
-            steps of their width, within the noise or what their trees promise (LoopCosts.trees):
-            learnt from the first few tree steps of the process, or decided by lookahead.verify_costs'
-            calibration).
+        assistant: the same, under the name transformers' custom_generate uses.
+        tree: draft trees, or chains (default: trees where the family supports them and, with
+            cost_aware, where a tree step costs no more than a chain step of its width, or than what
+            its tree promises: learnt from the process's first tree steps, or timed ahead by
+            lookahead.verify_costs).
         max_tree_nodes: node budget of a tree draft.
         streamer: receives the prompt, then each step's new tokens (transformers' protocol; one row).
         tokenizer: needed for `stop_strings`.
@@ -148,7 +151,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         _check_batch(generation_config, streamer, options)
     pads = (mask == 0).sum(dim=1).tolist() if batch and mask is not None else [0] * input_ids.shape[0]
     processors = logits_processor if logits_processor is not None else LogitsProcessorList()
-    with drafter.exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
+    with drafter._exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
         drafter.eos_token_ids = drafter.eos_option | options.eos  # drafting past an EOS cannot pay
         drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
         rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch)
@@ -159,7 +162,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         if streamer is not None:
             streamer.end()
         if batch:  # the call's stats: every row's steps, row after row
-            drafter.stats = DraftStats()
+            drafter.stats = DraftStats(rows=len(rows))
             for row in rows:
                 drafter.stats.add(row.request.stats)
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
@@ -204,7 +207,7 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         # from: each row's block from its last own token (u - 1) on, or its kept path alone (record_rejected=False).
         table = active[0].request.drafter.predictions  # siblings share their parent's
         learnt = None  # per row, the block entries the table learns from
-        if active[0].request.drafter.reads_predictions(tree=trees):
+        if active[0].request.drafter._reads_predictions(tree=trees):
             learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
             top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
                                    else [i - first_logit for i in e] for e in learnt], table.k)
@@ -253,7 +256,7 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
         promise = costs is not None and costs.trees() is None  # the tree trial weighs what its plans promise
         return [row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes, promise=promise)
                 for row, room in zip(active, rooms)]
-    chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (grow_tree)
+    chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (_grow_tree)
     if first:
         return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
     cost = costs.at(len(active))
@@ -265,7 +268,7 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
         return [row.request.commit(chain, size) for row, chain, size in zip(active, chains, sizes)]
     # A tree fills the row's slots up to what the widest chain bought: those columns are paid for.
     nodes = tree_nodes(widest, options.max_tree_nodes, cost, rows=len(active))
-    return [row.request.commit(chain, size, row.request.drafter.grow_tree(nodes) if size else None)
+    return [row.request.commit(chain, size, row.request.drafter._grow_tree(nodes) if size else None)
             for row, chain, size in zip(active, chains, sizes)]
 
 
@@ -277,7 +280,7 @@ def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], pro
     drafter.finish()  # files the drafter's last request into memory, where the rows copy from it
     rows = []
     for i, (prompt, pad) in enumerate(zip(prompts, pads)):
-        child = drafter.sibling()
+        child = drafter._sibling()
         child.reset(prompt[pad:])
         rows.append(Row(Request(child, sized=drafter.cost_aware), list(prompt), pad, row_processors(processors, i, len(prompts))))
     return rows

@@ -22,6 +22,8 @@ from lookahead.integrations.hf import (
 )
 
 ALTERNATIVE = "Call generate once per sequence with num_beams=1 and the default dynamic cache."
+BATCH_ALTERNATIVE = ("For a batch, use our loop: lookahead.generate(model, input_ids, attention_mask=..., "
+                     "drafter=LookupDrafter()), which verifies every row in one forward pass; or call generate once per sequence.")
 PROBED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {("chain"/"tree"/"tree layers", training): reason or None}
 PROBE_PREFIX = 6  # cached tokens before a probe's block
 PROBE_BRANCH = 2  # tokens per branch of the probe's two-branch tree
@@ -277,7 +279,7 @@ def check_candidate_generator_inputs(input_ids, model_kwargs: dict) -> None:
     if input_ids.shape[0] != 1:
         raise UnsupportedGenerationError(
             f"LookupDrafter drafts for one sequence, but the batch has {input_ids.shape[0]}: transformers' "
-            f"assisted loop verifies batch size 1 only. {ALTERNATIVE}"
+            f"assisted loop verifies batch size 1 only. {BATCH_ALTERNATIVE}"
         )
     fixed = fixed_cache(None, model_kwargs.get("past_key_values", model_kwargs.get("cache")))
     if fixed is not None:
