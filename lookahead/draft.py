@@ -22,10 +22,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-# Where a token came from: a drafted token's source (its trie node's origin, trie.py), or MODEL for
-# the one token each verify step writes itself. Codes index SOURCES; int8 in arrays.
-MODEL, PROMPT, OUTPUT, DOCUMENTS, MEMORY, PREDICTIONS, OTHER = range(7)
-SOURCES = ("model", "prompt", "output", "documents", "memory", "predictions", "other")  # other: a draft made without a source
+from lookahead.sources import DOCUMENTS, MEMORY, MODEL, OTHER, OUTPUT, PREDICTIONS, PROMPT, SOURCES  # noqa: F401 (re-exported)
+from lookahead.view import render as render_view
 
 # Why a step verified no draft (DraftStats.no_draft); DRAFTED: it verified one. RARELY_KEPT and NOT_PAID are the
 # sizer's width 0 (cost_aware), told apart by the request's learnt keep chance: below one half, its drafts were
@@ -264,9 +262,7 @@ class DraftStats:
 
         Example: `drafter.stats.render(tokenizer, html="drafts.html")` after a generate call.
         """
-        from lookahead.view import render  # (the view: numpy only, kept apart from the counting)
-
-        return render(self, tokenizer, html=html, file=file, color=color)
+        return render_view(self, tokenizer, html=html, file=file, color=color)
 
     def __str__(self) -> str:
         if not self.steps:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lookahead.draft import MODEL, SOURCES
+from lookahead.sources import MODEL, SOURCES
 
 # Per source: the page's colour, the terminal's (an xterm-256 background), the marker without colour, what it means.
 STYLE = {

@@ -15,7 +15,7 @@ from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, Step
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.predictions import TreeChances
-from lookahead.sizing.rules import MARGIN, TREE_WORTH_TOLERANCE, chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
+from lookahead.sizing.rules import MIN_GAIN, TREE_WORTH_TOLERANCE, chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
 from tests.models import SHARED, tiny_model
 from tests.reference import KeepRate as MirrorKeepRate
 
@@ -333,7 +333,7 @@ def test_chain_size_is_the_first_best_width():
         widths, capped = np.arange(1, available + 2), min(a, 0.999)
         worth = (1 - capped**widths) / (1 - capped) / curve.cost(1, widths)  # E(n) / cost(1, n + 1) over every n at once
         best = int(np.argmax(worth))  # argmax: the first of equals
-        assert chain_size(a, available, curve) == (best if worth[best] > (1 + MARGIN) * worth[0] else 0)  # beating a plain step by MARGIN
+        assert chain_size(a, available, curve) == (best if worth[best] > (1 + MIN_GAIN) * worth[0] else 0)  # beating a plain step by MIN_GAIN
 
 
 @pytest.mark.parametrize("points", [[1, 2, 3], [2, 2, 2, 2, 2, 2, 2], [1, 1, float("nan"), 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, -1]])
@@ -361,7 +361,7 @@ def brute_static_sizes(chances, lengths, remaining, rates, h):
             least += chance * min(outcome)
         worth = (h * (1 + least) + expected) / (h + len(chances) * (drafted + 1))
         if drafted == 0 and len(chances) == 1:
-            worth *= 1 + MARGIN  # one row: chain_size's rule, a draft beats a plain step by MARGIN
+            worth *= 1 + MIN_GAIN  # one row: chain_size's rule, a draft beats a plain step by MIN_GAIN
         if worth > best_worth + 1e-12:
             best, best_worth = drafted, worth
     return [min(n, best) for n in lengths]

@@ -100,9 +100,16 @@ def test_likeliest_nodes_come_likeliest_first_and_every_prefix_is_a_tree(candida
     estimate = likeliest_reference(node_weights(trie), keep_chance)
     bands, errors = np.array([0.1, 0.5]), np.array(errors).reshape(2, 3)
     node = created(trie)
+    # The band of the kernel's own estimate (equal to the reference's but for rounding, which at a band's edge
+    # picks the other band): every node's, from a tree of all of them.
+    ids, parents, _, all_estimates, _, _ = trie.likeliest(len(estimate), keep_chance, None)
+    paths = []
+    for token, parent in zip(ids.tolist(), parents.tolist()):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    banded = dict(zip(paths, all_estimates.tolist()))
     expected = {}  # the corrected chance: estimate + its (class, band) error, within [0, 1] and its parent's chance
     for path in sorted(estimate, key=len):
-        corrected = estimate[path] + errors[int(node[path] >= first_class), np.searchsorted(bands, estimate[path], side="right")]
+        corrected = estimate[path] + errors[int(node[path] >= first_class), np.searchsorted(bands, banded[path], side="right")]
         expected[path] = min(max(corrected, 0.0), expected.get(path[:-1], 1.0))
     for correction, want in ((None, estimate), ((first_class, bands, errors), expected)):
         ids, parents, chances, estimates, table, _ = trie.likeliest(max_tree_nodes, keep_chance, correction)

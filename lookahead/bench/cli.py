@@ -36,7 +36,7 @@ examples:
       runs (how to write the file: {TRACE_DOC})
   lookahead bench --quick
       plain generate() against prompt lookup and ours on an offline stand-in model, in about a minute
-  lookahead show MODEL --prompt "..." --html drafts.html
+  lookahead show MODEL --prompt-file prompt.txt --html drafts.html
       the generated text with each kept draft marked by where it came from
 
 `lookahead COMMAND --help` lists a command's options."""
@@ -66,7 +66,7 @@ def add_show_parser(commands) -> argparse.ArgumentParser:
         "show", help="run a model on a prompt and show where the drafts came from",
         description="Generates with a LookupDrafter and prints the text with each kept drafted span marked by its source "
                     "(prompt, output so far, memory, documents, the model's predictions), and tokens per forward pass.",
-        epilog="example:\n  lookahead show ../shared/models/stories260K --prompt \"Once upon a time\" --runs 2 --html drafts.html",
+        epilog="example:\n  lookahead show ../shared/models/stories260K --prompt-file story.txt --runs 2 --html drafts.html",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_show_arguments(show)
     show.set_defaults(run=run_show)
@@ -184,6 +184,10 @@ def add_bench_arguments(parser) -> None:
                         help="with --time-blend: every forward also sleeps MS + MS_PER_TOKEN * its tokens (a bigger model's "
                              "cost curve beside the real model's predictions), torch on one thread; e.g. 20,0.1 (a GPU's) or 20,4 (a CPU's)")
 
+    timing.add_argument("--busy", metavar="N", type=int, default=0,
+                        help="time with N other jobs each holding a core (busy loops), the methods taking turns under the "
+                             "same load: a busy machine beside a quiet one (default: 0)")
+
     modes = parser.add_argument_group("other measurements", "instead of the table of methods; one at a time")
     modes.add_argument("--batch", metavar="SIZES", default=None,
                        help="batch sizes, e.g. 1,4,16: plain batched greedy vs lookahead.generate on one left-padded batch of trace "
@@ -231,6 +235,8 @@ def run_bench(args) -> int:
         raise ValueError(f"--requests and --max-new-tokens must be >= 1, got {args.requests} and {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.busy < 0:
+        raise ValueError(f"--busy must be >= 0, got {args.busy}")
     if args.prompt_tokens is not None and ((args.batch is None and not args.cold and args.rows is None) or args.prompt_tokens < 1):
         raise ValueError(f"--prompt-tokens cuts the prompts of --batch, --cold or --rows, and must be >= 1, got {args.prompt_tokens}")
     if args.rows is not None and not args.loop_overhead:
@@ -246,6 +252,15 @@ def run_bench(args) -> int:
     if modes and modes[0] in ("--batch", "--cold", "--loop-overhead", "--context") and (args.model or args.prompts):
         raise ValueError(f"{modes[0]} runs the forced model on trace requests: it does not take --model or --prompts")
     # Imported here, not at the top: they load torch and transformers, which `replay` never needs.
+    from lookahead.bench.timing import busy_load
+
+    if args.busy:
+        print(f"lookahead bench: {args.busy} busy-loop job(s) hold cores while it runs", file=sys.stderr)
+    with busy_load(args.busy):
+        return _run_mode(args)
+
+
+def _run_mode(args) -> int:
     from lookahead.bench import batched, blend, cold, e2e, long_context, loop_overhead, write_trace
 
     if args.write_trace is not None:

@@ -5,6 +5,9 @@ assisted loops it also verifies the first draft), time per output token (TPOT) t
 call over the tokens after the first: TTFT + TPOT * (new tokens - 1) == wall clock.
 """
 
+import contextlib
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -62,3 +65,16 @@ def timed_generate(model, input_ids: torch.Tensor, kwargs: dict, *, forward_time
             handle.remove()
     first = seconds if clock["first"] is None else clock["first"] - start
     return out, Timing(seconds, first, clock["forwards"], clock["inside"] if forward_time else None)
+
+
+@contextlib.contextmanager
+def busy_load(processes: int):
+    """`processes` other jobs, each holding a core (a Python busy loop), for the length of the block: a busy
+    machine, under which every method (plain greedy included) is timed alike as they take turns."""
+    jobs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for job in jobs:
+            job.kill()
+            job.wait()

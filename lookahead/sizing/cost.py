@@ -1,16 +1,10 @@
-"""What a verify step costs: one interface, `cost(rows, width)` and `fixed_cost_tokens`.
+"""What a verify step costs: `cost(rows, width)`, relative to a plain one-row step (1 at (1, 1)),
+`fixed_cost_tokens` h = F / p of the step time F + p * tokens, and `one_row(last)`: the relative costs
+of one-row blocks of 0..last tokens as a float64 array (what a one-row sizer's kernel reads every step).
 
-`cost(rows, width)` is the time of a forward pass over a (rows, width) block relative to a
-plain one-row step (1 at (1, 1)); `fixed_cost_tokens` is h = F / p of the step time
-F + p * tokens: how many verified tokens cost as much as the step's fixed part.
-
-Each also gives `one_row(last)`: the relative costs of one-row blocks of 0..last tokens as a
-float64 array, what a one-row sizer's kernel reads every step (sizing.rules).
-
-- `CostCurve`: a fixed relative curve costs[n] over n tokens (`cost_curve`; `verify_costs`).
-- `StepCosts`: that curve learnt width by width from a loop's own one-row steps, seeded by a calibration.
-- `LineCost`: the line F + p * rows * width at a fixed h; `StepCostFit` learns h from steps.
-- `LoopCosts`: what our loop prices with: the measured curve for one row, the fitted line for many.
+- `CostCurve`: a fixed curve (`cost_curve`; `verify_costs`); `StepCosts`: learnt from a loop's one-row steps;
+- `LineCost`: the line at a fixed h; `StepCostFit` learns h from steps;
+- `LoopCosts`: what our loop prices with (the curve for one row, the line for many).
 """
 
 import numpy as np
@@ -89,33 +83,22 @@ def extend_linearly(costs: np.ndarray, last: int) -> np.ndarray:
 
 
 class StepCosts(CostCurve):
-    """A cost curve learnt from the loop's own one-row steps, width by width.
+    """A cost curve learnt from the loop's own one-row steps, width by width (docs/design.md, section 4).
 
-    A width's price is the least of its last WINDOW step times (after its first step, which
-    carries torch's one-time costs for that shape): load and stalls only ever add time, so one
-    stalled step does not make a width dear, and the least of a few recent steps follows a real
-    change (a longer context) within WINDOW steps. A width not stepped at for MAX_AGE one-row
-    steps is forgotten and priced again as unseen, so a price learnt under a burst of load is
-    tried again (`chain_size`'s probe tries it when a sure draft wants it).
-
-    An unseen width is the nearest seen narrower one plus the prior's extra seconds between the
-    two, never dearer than a seen wider one. The prior: a calibration's seconds at SIZES (seeded),
-    or the chord through the plain step and the prefills, t(w) = t(1) + s (w - 1), s the least
-    of the prefills' (1 + head_ratio) (t(L) - t(1)) / (L - 1) (the prefill scored its last token
-    only; each verified token also costs the output layer: `head_ratio`). Block costs are flat
-    where moving the weights dominates and linear where compute does, so the chord lies on or
-    above them: a conservative start. Unseeded, once two widths are seen, the extra is the least
-    of the chord's and the seen widths' own robust line's (Theil-Sen). A seen width within NOISE of a
-    narrower seen drafted width's price is priced as the narrower one. Until a prefill and a plain step
-    are in, every drafted width is UNPRICED (plain steps). docs/design.md, section 4.
-
-    Cost: `observe` is an array update; the first `one_row` after it prices the 65 widths in one
-    compiled call (price_widths, about 2 µs).
+    A width is priced by the least of its last WINDOW steps after its first (torch's one-time costs for
+    the shape): load and stalls only add time. Until MEASURED steps, its one step only caps its price;
+    one not stepped at for MAX_AGE one-row steps is forgotten. An unseen width is the nearest seen
+    narrower one plus the extra seconds between the two (the least of the prior's and the seen widths'
+    Theil-Sen line's), never dearer than a seen wider one. The prior: a calibration's seconds at SIZES,
+    or the chord t(1) + s (w - 1), s the least over the prefills of (1 + head_ratio) (t(L) - t(1)) / (L - 1)
+    (a prefill scores its last token only; a verified token also costs the output layer). A seen width
+    within NOISE of a narrower drafted one is priced as it. Until a prefill and MEASURED plain steps are
+    in, every drafted width is UNPRICED. Cost: `observe` is an array update; the next `one_row` prices
+    the 65 widths in one compiled call (price_widths, about 2 µs).
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
-        head_ratio: what scoring a token costs over what the rest of its forward does, where the
-            prefill scored its last token only (0: the prefill scored every token).
+        head_ratio: what scoring a token costs over the rest of its forward (0: the prefill scored every token).
 
     Example:
         >>> costs = StepCosts()
@@ -389,45 +372,26 @@ class Unpriced:
 
 
 class LoopCosts:
-    """What our loop's steps cost: the measured curve for one row, the fitted line for many,
-    and whether a tree step costs what a chain step of its width does.
+    """What our loop's steps cost: the measured curve for one row (StepCosts), the fitted line for many
+    (StepCostFit, its prior the line through a batch's prefill and a plain step after the first; Unpriced until
+    both are in), and whether a one-row tree step costs what a chain step of its width does.
 
-    Each learns from the steps it prices (`observe`): the curve from one-row chain steps (a
-    tree step's explicit mask takes a slower attention path than a chain of its width), the
-    line from steps of many rows. Without a calibration both start from the call's own
-    prefill and plain steps (`observe_prefill`, StepCosts): the line's prior F / p is the
-    line through a batch's prefill (rows x L tokens) and a plain step after the first (rows tokens),
-    and until both are in, batched steps are `Unpriced`.
-
-    Trees: what a one-row tree step costs the loop over what a chain step of its width does, the
-    host's work around the forward included on both sides (a tree step searches wider, reads the
-    model's predictions and builds a mask; where the forward is fast that decides): a tree step's
-    seconds plus its host seconds, over the curve's price of its width plus a chain step's host
-    seconds (the least of CHAIN_SAMPLES one-row chain steps after the first), from TREE_SAMPLES
-    tree steps after the first. The loop takes those chain steps, then those tree steps, while
-    `trees()` is None (`tree_trial()`); a tree costs what its chain does under the curve, so trying
-    one risks little. A calibration's ratio (tree_over_chain) decides at once. Decided for trees,
-    the loop steps only trees, and the sizer prices them by the curve: each teaches the curve its
-    width's price as it costs (its seconds, and its host work beyond a chain step's), so wide blocks
-    are priced by the steps that take them, not by the prior alone (not by its seconds over the
-    trial's ratio, which was read against the prior's prices of then unseen widths).
+    Trees: a tree step's seconds plus its host seconds (a tree step searches wider, reads the model's
+    predictions, builds a mask), over the curve's price of its width plus a chain step's host seconds (the
+    least of CHAIN_SAMPLES chain steps after the first), the median of TREE_SAMPLES tree steps after the
+    first (`tree_trial()` while `trees()` is None); a calibration's ratio decides at once. Decided for
+    trees, each tree step teaches the curve its width's price as it costs (docs/design.md, section 4).
 
     Args:
         seconds: calibrated seconds of a one-row forward pass over SIZES[i] new tokens
             (lookahead.integrations.calibration), or None: learnt from the call's steps.
-        tree_over_chain: a calibration's one-row step over a 16-node tree over its step over a
-            16-token chain (nan: no trees measured), or None: learnt (the TREE_SAMPLES steps' median).
+        tree_over_chain: a calibration's 16-node tree step over its 16-token chain step (nan: no trees), or None: learnt.
         head_ratio: as StepCosts's, for the priors drawn from prefills (the curve's and the line's).
     """
 
     TREE_SAMPLES = 5  # tree steps timed before trees() decides, without a calibration
-    # Trees where a tree step costs at most this many times a chain step of its width: differences within NOISE are
-    # not measurable (a sized tree's worth is hedging at a chain's price, a few percent of tokens per unit of verify
-    # cost where the sizer's promise is small; notes/README.md: trees over chains) ...
-    TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE
-    # ... or up to what its plans promised over their chains (tree_gain, the sizer's belief at the first tree steps,
-    # a fresh drafter's), up to this much: a belief drawn from a few steps outweighs no larger measured cost.
-    TREE_MAX_PROMISED = 1 + 2 * StepCosts.NOISE
+    TREE_MAX_OVER_CHAIN = 1 + StepCosts.NOISE  # trees where a tree step costs at most this over a chain step of its width,
+    TREE_MAX_PROMISED = 1 + 2 * StepCosts.NOISE  # or up to what its plans promised over their chains, to this (design.md)
     CHAIN_SAMPLES = 4  # one-row chain steps whose host seconds are timed before the tree steps are
 
     def __init__(self, seconds=None, *, tree_over_chain: float | None = None, head_ratio: float = 0.0):

@@ -15,26 +15,21 @@ sent only where it does so by MIN_GAIN:
 
 so where drafting cannot pay at a load (h small, d large, R large), nothing is sent. The
 drafts themselves are sized with h + d as the fixed part (once a draft is sent, D is paid).
-MIN_GAIN covers what the line leaves out: the fit's own error (h learnt from 1 to 21 by two
-engines of one build over the same cells) and a finite batch's drain, where kept tokens that end
-some requests sooner do not end the batch sooner. Where drafts were expected to gain 2-4% a
-step (16 rows on a 2-core CPU), the serving bench measured them below not drafting (notes/vllm-serving-2026-12.md).
+MIN_GAIN (sizing.rules, the one-row sizer's too) also covers the fit's own error and a finite
+batch's drain (docs/vllm.md, the load rule).
 
-d is learnt like h (sizing.cost.StepCostFit): a least-squares fit of seconds against
-(1, tokens, drafted?) over the steps that ran exactly the rows drafted for, old steps fading,
-pulled toward the prior (F = prior * p, D = 0) by a penalty worth a few steps (D's lighter). When drafting
-stops, its steps fade and the prior wins again after a few hundred steps: drafting resumes
-briefly, and is measured again. D is told from F only by steps without drafts: where none come
-on their own, one in about ten steps is sent without (`wants_plain_step`).
+d is learnt like h (sizing.cost.StepCostFit), a faded least-squares fit of seconds against
+(1, tokens, drafted?) pulled toward the prior (D = 0); D is told from F only by steps without
+drafts: where none come on their own, one in about ten is sent without (`wants_plain_step`).
 """
 
 import numpy as np
 
 from lookahead.sizing.cost import FIXED_COST_BOUNDS, LineCost, fixed_cost_tokens_of
+from lookahead.sizing.rules import MIN_GAIN
 
 DRAFT_COST_BOUNDS = (0.0, 4096.0)
 DRAFT_PRIOR_SHARE = 0.05  # the D = 0 penalty, as a share of the line's
-MIN_GAIN = 0.05  # drafts are sent only where the line expects them to raise the step's tokens per second by this share
 PLAIN_SHARE = 0.1  # below this share of (faded) steps without drafts, D cannot be told from F: a step goes without
 
 
@@ -141,16 +136,12 @@ class KeptShare:
     """Per load (decode rows in powers of two: `load_of`), the share of the sizer's expected kept tokens that
     the drafts it sent kept: the sizer's trust in its chances there (`trust`, at most 1).
 
-    A request's keep chance is one per-token rate per anchor length, and the j-th token's chance its
-    j-th power (times the branch shares its path kept in the trie): the promise of a step's likeliest
-    tokens holds least (the sent drafts kept 0.70-0.81 of it in notes/vllm-serving-2026-12.md's replay, before the
-    shares), so drafts that only just clear the load's bar lose. The sizer multiplies every chance by
-    the trust (`sizing.rules.batch_sizes`), the bar the kernel drafts against is divided by it, and
-    what it expects is what the share then learns from: at a steady load the trust settles where its
-    square is the share of the unscaled promise that was kept (a correction by about half). Faded sums
-    over about a hundred drafted steps of the load, from a prior of PRIOR_TOKENS promised and kept
-    (trust 1). The trust is at least MIN_TRUST: only sent drafts teach it, so a load whose first drafts
-    kept nothing would otherwise send none again.
+    The j-th token's chance is the request's per-token rate to the j-th power, a promise that holds
+    least where drafts only just clear the load's bar (docs/vllm.md). The sizer multiplies every chance
+    by the trust (`sizing.rules.batch_sizes`), and what it expects is what the share learns from: at a
+    steady load the trust settles where its square is the share of the unscaled promise kept. Faded
+    sums over about a hundred drafted steps of the load, from a prior of PRIOR_TOKENS promised and kept
+    (trust 1); at least MIN_TRUST, as only sent drafts teach it.
 
     Example:
         >>> share = KeptShare()

@@ -1,16 +1,8 @@
 """How many drafted tokens a step verifies, given keep chances (engine.kernels.keep_chance) and a cost (sizing.cost).
 
-One row (`chain_size`): with a per-token keep chance a, a chain cut to n tokens yields
-
-    E(n) = sum_{k=0..n} a^k = (1 - a^(n+1)) / (1 - a)        expected tokens, the model's own included
-    n*   = argmax_n E(n) / cost(1, n + 1)                     (n = 0: a plain step)
-
-so where drafts keep failing, and wide blocks are dear, it stops drafting. A one-row tree, its
-nodes likeliest first each with its chance, verifies as many as pay (`tree_size`, the same rule);
-a batch's tree as many nodes as cost no more to verify than its widest chain (`tree_nodes`).
-Many rows: a static batch, which runs until its last row ends (`static_batch_draft_sizes`; for
-one row it is `chain_size`), and a served batch, whose finished rows are replaced at once
-(`batch_draft_sizes`).
+One rule (docs/design.md, section 4): the most expected tokens per unit of step cost. One row: a chain's
+first n tokens (`chain_size`), a tree's likeliest nodes (`tree_size`); a batch's tree (`tree_nodes`); a static
+batch, which runs until its last row ends (`static_batch_draft_sizes`); a served batch (`batch_draft_sizes`).
 """
 
 import numpy as np
@@ -28,14 +20,14 @@ SURE = 0.9
 
 def chain_size(keep_chance: float, available: int, cost) -> int:
     """How many of `available` drafted tokens a one-row step verifies: argmax_n E(n) / cost(1, n + 1)
-    (the first of equals), drafting only where that beats a plain step's worth by MARGIN. A kernel:
+    (the first of equals), drafting only where that beats a plain step's worth by MIN_GAIN. A kernel:
     it runs every step, over up to 65 widths.
 
     The probe: a chain kept with chance >= SURE whose best size leaves tokens unverified verifies
     2n + 1 of them instead where that width's price is not measured (`cost.measured`): one step
     doubles the widest width tried, and what it costs is then known."""
     a = min(keep_chance, MAX_CHANCE)
-    n = best_chain(a, available, cost.one_row(available + 1), MARGIN)
+    n = best_chain(a, available, cost.one_row(available + 1), MIN_GAIN)
     if a >= SURE and n < available:
         probe = min(available, 2 * n + 1)
         if not cost.measured(probe + 1):
@@ -43,10 +35,10 @@ def chain_size(keep_chance: float, available: int, cost) -> int:
     return n
 
 
-# A draft is verified only where it promises this much more than a plain step: smaller gains are within what
-# step times can tell apart (run-to-run spread), and a width measured level with a plain step by chance would
-# otherwise draft for ever what is never kept.
-MARGIN = 0.05
+# A draft is verified (or, served, sent: sizing.load) only where it promises this much more tokens per second
+# than a step without it: smaller gains are within what step times tell apart, and a width measured level with
+# a plain step by chance would otherwise draft for ever what is never kept.
+MIN_GAIN = 0.05
 
 
 @njit(cache=True)
@@ -227,21 +219,9 @@ def _rows(keep_chances, lengths) -> tuple[np.ndarray, np.ndarray]:
 
 # -- static batches (our loop: rows right-padded to one block width, until the last row ends) --
 #
-# Our loop verifies B rows as one (B, W) block: each row's own token and draft, right-padded
-# to the widest. A step costs F + p*B*W whatever the rows hold, and the batch runs until its
-# last row ends, each row leaving the block as it ends. With h = F / p, the batch's
-# remaining time is about h * (its steps) + (the places its rows take in them). A step
-# shortens the second by every token a row gains, but the first only by what the rows
-# furthest behind all gain: row r, with R_r tokens still to write at its rate so far of
-# e_r tokens per step, has about N_r = R_r / e_r steps left; the rows within one step of
-# the largest N are behind, and the batch's steps fall by the least of their gains, whose
-# expectation is M(W) = sum_{j=1..W-1} prod_{r behind} a_r^j (a row whose draft is shorter
-# than j: 0). The width W then maximises the step's worth per unit of its cost,
-#     (h * (1 + M(W)) + sum_r G_r(W)) / cost(B, W)        (the line: h + B * W, up to a constant)
-# G_r(W) = 1 + a_r + ... + a_r^min(n_r, W-1) the row's expected tokens (a_r its keep
-# chance, n_r its draft); a plain step scores 1. For one row M(W) = G(W) - 1, so this is
-# (h + 1) G(W) / cost(1, W): chain_size's choice under any cost; rows alike and level draft only where all are likely to
-# keep (a continuously refilled batch, batch_draft_sizes, values every row's tokens alike).
+# A (B, W) step costs F + p*B*W, and the batch ends with its last row: a token a row gains saves its
+# place, the step's fixed part only if every row furthest behind gains it too (docs/design.md, "Batches:
+# a static batch", derives the worth below; for one row it is chain_size's choice).
 
 
 def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -> list[int]:
