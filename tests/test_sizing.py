@@ -11,7 +11,7 @@ from lookahead import LookupDrafter, verify_costs
 from lookahead.bench import replay
 from lookahead.integrations import calibration
 from lookahead.integrations.calibration import step_costs, tree_over_chain_16
-from lookahead.sizing.cost import UNPRICED, CostCurve, LineCost, LoopCosts, StepCosts, cost_curve
+from lookahead.sizing.cost import ONCE_DEAREST, UNPRICED, CostCurve, LineCost, LoopCosts, StepCosts, cost_curve
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.predictions import TreeChances
@@ -252,10 +252,20 @@ def test_a_widths_first_step_is_a_warm_up_not_its_price():
     taught(costs, 1, 0.10)
     costs.observe(1, 16, 5.0)  # torch's first forward at this shape: one-time costs
     assert not costs.seen[16] and costs.relative()[16] == pytest.approx(SECONDS[4] / 0.10)
-    costs.observe(1, 16, 0.3)  # one step caps its price (the calibration's 2.4 is less) ...
-    assert not costs.seen[16] and costs.relative()[16] == pytest.approx(2.4)
-    costs.observe(1, 16, 0.35)  # ... MEASURED steps price it: the least of them
+    costs.observe(1, 16, 0.3)  # one step prices it ...
+    assert not costs.seen[16] and costs.relative()[16] == pytest.approx(3.0)
+    costs.observe(1, 16, 0.35)  # ... MEASURED steps: the least of them
     assert costs.seen[16] and costs.relative()[16] == pytest.approx(3.0)
+
+
+def test_one_stalled_step_prices_a_width_at_most_twice_its_unseen_price():
+    costs = StepCosts(SECONDS)
+    taught(costs, 1, 0.10)
+    costs.observe(1, 16, 0.3)  # the warm-up
+    costs.observe(1, 16, 5.0)  # a stall
+    assert costs.relative()[16] == pytest.approx(ONCE_DEAREST * SECONDS[4] / 0.10)
+    costs.observe(1, 16, 0.25)
+    assert costs.relative()[16] == pytest.approx(2.5)  # the least of its steps
 
 
 def test_step_costs_start_from_the_calibration():

@@ -14,6 +14,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
 FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
 UNPRICED = 1e6  # the relative cost of a block nothing has priced yet: no draft pays for it
 NO_CAP = -1  # StepCosts._cap: no seen wider width
+ONCE_DEAREST = 2.0  # a width's one step prices it at most this many times its unseen price (a stall's share of it)
 
 
 def cost_curve(points) -> np.ndarray:
@@ -86,7 +87,8 @@ class StepCosts(CostCurve):
     """A cost curve learnt from the loop's own one-row steps, width by width (docs/design.md, section 4).
 
     A width is priced by the least of its last WINDOW steps after its first (torch's one-time costs for
-    the shape): load and stalls only add time. Until MEASURED steps, its one step only caps its price;
+    the shape): load and stalls only add time. Until MEASURED steps, its one step prices it at most
+    ONCE_DEAREST times its unseen price;
     one not stepped at for MAX_AGE one-row steps is forgotten. An unseen width is the nearest seen
     narrower one plus the extra seconds between the two (the least of the prior's and the seen widths'
     Theil-Sen line's), never dearer than a seen wider one. The prior: a calibration's seconds at SIZES,
@@ -138,7 +140,7 @@ class StepCosts(CostCurve):
         self.clock = 0  # one-row steps observed
         self.seconds = self.calibrated.copy() if self.calibrated is not None else np.zeros(widths)  # learnt seconds where seen
         self.seen = np.zeros(widths, dtype=np.bool_)  # a width priced by its own recent steps (MEASURED or more)
-        self.once = np.full(widths, np.inf)  # an unseen width's one step: a cap on its price
+        self.once = np.full(widths, np.inf)  # an unseen width's one step (inf: none): its price, within ONCE_DEAREST
         self.warm = np.zeros(widths, dtype=np.bool_)  # a width stepped once (its one-time costs paid)
         self.prefill = None  # (tokens, seconds) of a one-row prefill not yet drawn into the chord
         self.slope = np.inf  # the chord's least seconds per extra token so far
@@ -244,8 +246,8 @@ class StepCosts(CostCurve):
 @njit(cache=True)
 def price_widths(seconds, once, seen_widths, anchor, cap, calibrated, noise, fit):  # pragma: no cover (compiled)
     """StepCosts' relative costs[n], n in 0..128 (index 0: costs[1]): each width up to 64 from its anchor's seconds
-    plus the extra seconds between the two, never dearer than its cap's (a seen wider block) nor than `once` (its one
-    step, where it has one); a seen width within
+    plus the extra seconds between the two, never dearer than its cap's (a seen wider block); a width with one step (`once`)
+    is priced by it, at most ONCE_DEAREST times the price above; a seen width within
     `noise` of a narrower seen drafted width's seconds is priced as that width (levelled narrow to wide). The extra:
     the prior's, or with `fit` and two widths seen, the least of the prior's and the seen widths' own line's (the
     median pairwise slope of their levelled seconds, Theil-Sen, at least 0): a prior drawn from one stalled prefill
@@ -277,8 +279,10 @@ def price_widths(seconds, once, seen_widths, anchor, cap, calibrated, noise, fit
         e = levelled[a] + (calibrated[w] - calibrated[a] if slope < 0 else min(slope * (w - a), calibrated[w] - calibrated[a]))
         if c != NO_CAP and levelled[c] < e:
             e = levelled[c]
-        if once[w] < e:
+        if once[w] < ONCE_DEAREST * e:  # one step: its price, up to ONCE_DEAREST times what it would be unseen
             e = once[w]
+        elif once[w] < np.inf:
+            e = ONCE_DEAREST * e
         out[w] = max(e, 1e-9)
     one = out[1]
     out[0] = one
@@ -311,17 +315,14 @@ class LineCost:
         h = self.fixed_cost_tokens
         return (h + np.arange(last + 1)) / (h + 1)
 
-    def measured(self, width: int) -> bool:
-        return True
+    measured = CostCurve.measured
 
 
 class StepCostFit(LineCost):
     """The line F + p * tokens learnt from a loop's measured steps: h = F / p.
 
-    A least-squares fit with old samples fading, pulled toward `prior` (F = prior * p) by a
-    penalty worth `prior_weight` samples one token apart: steps all of one size, or none,
-    leave it at the prior; a spread of sizes moves it to what they show. The estimate is
-    clamped to `bounds` (fixed_cost_tokens_of).
+    A faded least-squares fit pulled toward `prior` (F = prior * p) by a penalty worth `prior_weight`
+    samples: steps all of one size leave it at the prior. Clamped to `bounds` (fixed_cost_tokens_of).
 
     Example:
         >>> fit = StepCostFit(prior=64.0)
@@ -367,8 +368,7 @@ class Unpriced:
         costs[:2] = 1.0
         return costs
 
-    def measured(self, width: int) -> bool:
-        return True  # nothing to probe before a step is priced
+    measured = CostCurve.measured  # nothing to probe before a step is priced
 
 
 class LoopCosts:
