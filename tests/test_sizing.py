@@ -15,7 +15,7 @@ from lookahead.sizing.cost import ONCE_DEAREST, UNPRICED, CostCurve, LineCost, L
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
 from lookahead.predictions import TreeChances
-from lookahead.sizing.rules import MIN_GAIN, TREE_WORTH_TOLERANCE, chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
+from lookahead.sizing.rules import MIN_GAIN, SURE, TREE_WORTH_TOLERANCE, best_chain, chain_size, static_batch_draft_sizes, tree_gain, tree_nodes, tree_size
 from tests.models import SHARED, tiny_model
 from tests.reference import KeepRate as MirrorKeepRate
 
@@ -577,3 +577,33 @@ def test_a_first_call_learns_its_prior_from_its_own_prefill_and_steps(monkeypatc
     assistant = step_costs(model)
     assert assistant.slope < np.inf and assistant.seen[1] and assistant.calibrated is not None
     assert generate_module.loop_costs is calibration.loop_costs
+
+
+def test_a_width_not_stepped_at_for_max_age_steps_is_priced_again_as_unseen():
+    costs = StepCosts(SECONDS)
+    taught(costs, 1, 0.10)
+    taught(costs, 16, 1.0)  # priced under a burst of load: 10x
+    assert costs.relative()[16] == pytest.approx(10.0)
+    for _ in range(StepCosts.MAX_AGE + 1):
+        costs.observe(1, 1, 0.10)  # plain steps only: 16 is never stepped at again
+    assert not costs.seen[16] and costs.relative()[16] == pytest.approx(SECONDS[4] / 0.10)  # the calibration's price again
+
+
+def test_a_plain_step_is_priced_at_most_a_blocks_over_least_block():
+    costs = StepCosts(SECONDS)
+    taught(costs, 1, 1.0)  # every plain step stalled: 10x
+    taught(costs, 8, 0.16)  # and drafting steps never time a plain step again
+    assert costs.seconds[1] == pytest.approx(0.16 / StepCosts.LEAST_BLOCK)
+    assert costs.relative()[8] == pytest.approx(StepCosts.LEAST_BLOCK)  # not 0.16: a draft never kept is not free
+
+
+def test_a_sure_draft_probes_twice_the_width_its_sizer_would_take_where_that_width_is_unmeasured():
+    costs = StepCosts()
+    costs.observe_prefill(1, 11, 0.1 + 10 * 0.05)  # a loaded prefill: the chord prices each token at half a plain step
+    taught(costs, 1, 0.1)
+    best = best_chain(0.95, 64, costs.one_row(65), MIN_GAIN)  # the rule's cut under that chord
+    assert 0 < best < 64 and not costs.measured(2 * best + 2)
+    assert chain_size(0.95, 64, costs) == 2 * best + 1  # sure (>= SURE): the unmeasured width twice as wide is tried
+    assert SURE > 0.85 and chain_size(0.85, 64, costs) == best_chain(0.85, 64, costs.one_row(65), MIN_GAIN)  # not sure: no probe
+    taught(costs, 2 * best + 2, 0.1 + (2 * best + 1) * 0.001)  # the probed width turns out cheap
+    assert chain_size(0.95, 64, costs) > 2 * best  # and is taken

@@ -138,6 +138,7 @@ class StepCosts(CostCurve):
         self.steps = np.zeros(widths, dtype=np.int64)  # steps learnt from per width
         self.last = np.zeros(widths, dtype=np.int64)  # the one-row step count at a width's last step
         self.clock = 0  # one-row steps observed
+        self._expires = self.MAX_AGE + 1  # no seen width is stale before this step (a later step at it only delays it)
         self.seconds = self.calibrated.copy() if self.calibrated is not None else np.zeros(widths)  # learnt seconds where seen
         self.seen = np.zeros(widths, dtype=np.bool_)  # a width priced by its own recent steps (MEASURED or more)
         self.once = np.full(widths, np.inf)  # an unseen width's one step (inf: none): its price, within ONCE_DEAREST
@@ -185,29 +186,29 @@ class StepCosts(CostCurve):
         least = self.recent[w].min()
         if self.seen[w]:
             self.seconds[w] = least
-        else:  # until MEASURED steps, one step only caps the width's price: a stall would make it dear
+        else:  # until MEASURED steps, one step prices it within ONCE_DEAREST of its unseen price (price_widths)
             self.once[w] = least
         if w > 1 and self.seen[1]:  # a plain step's own steps may all have stalled, and drafting steps never tell it again
             self.seconds[1] = min(self.seconds[1], least / self.LEAST_BLOCK)
-        stale = self.seen & (self.clock - self.last > self.MAX_AGE)
-        if (not self.seen[w] and self.steps[w] >= self.MEASURED) or stale.any():
-            if not self.seen[w] and self.steps[w] >= self.MEASURED:
-                self.seen[w], self.seconds[w], self.once[w] = True, least, np.inf
+        newly_seen = not self.seen[w] and self.steps[w] >= self.MEASURED
+        if newly_seen:
+            self.seen[w], self.seconds[w], self.once[w] = True, least, np.inf
+        if newly_seen or self.clock >= self._expires:
+            stale = self.seen & (self.clock - self.last > self.MAX_AGE)
             if stale.any():  # forgotten: priced as unseen, and its old steps no longer count
                 self.seen[stale] = False
                 self.recent[stale] = np.inf
                 self.steps[stale] = 0
                 if self.calibrated is not None:
                     self.seconds[stale] = self.calibrated[stale]
+            self._expires = (self.last[self.seen].min() if self.seen.any() else self.clock) + self.MAX_AGE + 1
             self._anchors()
             self._chord()
         self._fixed = None  # priced again when next read
         self._priced = None
 
     def measured(self, width: int) -> bool:
-        """Whether a one-row block of `width` tokens (beyond 64: as 64) is priced by MEASURED or more recent steps
-        of its own (the least of two is a stall's only where both stalled); before anything is priced, every width
-        (nothing to probe: plain steps until a prefill and a plain step are in)."""
+        """Whether a one-row block of `width` tokens (beyond 64: as 64) is priced by MEASURED recent steps of its own (nothing priced: all)."""
         return self.calibrated is None or bool(self.steps[min(max(width, 1), SIZES[-1])] >= self.MEASURED)
 
     def _anchors(self) -> None:
@@ -231,11 +232,7 @@ class StepCosts(CostCurve):
         return self.one_row(SIZES[-1])
 
     def one_row(self, last: int) -> np.ndarray:
-        """costs[n], n in 0..last, relative to a plain step (index 0 unused).
-
-        Cost: the first read after an `observe` prices the 65 widths (price_widths: about 2 µs);
-        later reads slice that.
-        """
+        """costs[n], n in 0..last, relative to a plain step (index 0 unused); after an `observe`, priced once (price_widths)."""
         if self.calibrated is None:  # no prior yet: a plain step is all that is priced
             return Unpriced().one_row(last)
         if self._priced is None:
