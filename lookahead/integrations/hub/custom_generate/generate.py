@@ -1,5 +1,6 @@
 """lookahead's decoding method for transformers' `custom_generate`: exact speculative decoding with
-training-free lookup drafts (`pip install lookahead-drafts`). Pass the drafter as `assistant=`:
+training-free lookup drafts (the `lookahead-drafts` package; until it is published, `pip install .`
+from its checkout). Pass the drafter as `assistant=`:
 
     model.generate(**inputs, custom_generate=FOLDER, trust_remote_code=True, assistant=LookupDrafter())
 """
