@@ -88,7 +88,6 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     transformers prepares the logits processors, stopping criteria and config as for plain generate.
     After the call, `print(drafter.stats)` says what each source drafted and had kept, and
     `drafter.stats.render(tokenizer, html="drafts.html")` shows where each kept token came from.
-    After the call, `print(drafter.stats)` says what each source drafted and had kept.
 
     Args:
         model: a decoder-only transformers model.

@@ -209,7 +209,7 @@ class StepCosts(CostCurve):
 
     def measured(self, width: int) -> bool:
         """Whether a one-row block of `width` tokens (beyond 64: as 64) is priced by MEASURED recent steps of its own (nothing priced: all)."""
-        return self.calibrated is None or bool(self.steps[min(max(width, 1), SIZES[-1])] >= self.MEASURED)
+        return self.calibrated is None or bool(self.seen[min(max(width, 1), SIZES[-1])])  # seen: MEASURED steps
 
     def _anchors(self) -> None:
         # What pricing reads of `seen` (it changes only when a width is first seen): per width,
