@@ -413,25 +413,6 @@ def heaviest_path(trie, max_len, first_class, out_nodes):
     return length
 
 
-@njit(cache=True)
-def path_shares(trie, nodes, length, out):
-    """out[i]: the share of the trie's weight that the root path nodes[:length] keeps at its branches down to
-    nodes[i]: the product, over j <= i, of node j's weight over the summed weight of its parent's children
-    (1.0 where the path never branches), the candidates' own estimate that the path's first i + 1 tokens follow.
-    Cost: O(length x siblings)."""
-    _, parent, weight, child, sibling, _, _, _ = trie
-    share = 1.0
-    for i in range(length):
-        node = nodes[i]
-        total = 0.0
-        c = child[parent[node]]
-        while c != EMPTY:
-            total += weight[c]
-            c = sibling[c]
-        share *= weight[node] / total if total > 0.0 else 1.0
-        out[i] = share
-
-
 class DraftTrie:
     """A trie of weighted candidate continuations, rebuilt for every draft.
 
@@ -573,13 +554,6 @@ class DraftTrie:
         out = np.empty(max(max_len, 0), dtype=np.int64)
         return out[: heaviest_path(self._arrays, max_len, first_class, out)]
 
-    def path_shares(self, nodes: np.ndarray) -> np.ndarray:
-        """Per node of a root path (path_nodes), the share of the trie's weight that the path up to it keeps at its
-        branches, multiplied down the path (float64; see the kernel of that name)."""
-        out = np.empty(nodes.shape[0], dtype=np.float64)
-        path_shares(self._arrays, nodes, nodes.shape[0], out)
-        return out
-
     def add_predictions(self, ids: np.ndarray, root_token: int, chances: np.ndarray, *, budget: int, max_depth: int,
                         scale: float) -> None:
         """Adds the `budget` likeliest paths of a prediction table (PredictionTable.ids) from `root_token`, each
@@ -637,7 +611,6 @@ class DraftTrie:
 
 def warm_up() -> int:
     """Compiles every kernel the drafter calls on a small real input; returns the tree size (4 when all ran).
-    (path_shares is the vLLM proposer's, compiled with its kernel: a drafter's first call does not pay for it.)
 
     The sources are int32 (an index's tokens) and int64 (a store's continuation).
     """

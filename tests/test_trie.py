@@ -60,12 +60,6 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
         siblings = [p for p in expected if len(p) == i + 1 and p[:i] == path[:i]]
         assert expected[path[: i + 1]] == max(expected[p] for p in siblings)
     assert not [p for p in expected if len(p) == len(path) + 1 and p[:-1] == path]  # it ends at a leaf
-    # path_shares(): down the path, each node's weight over its siblings' and its own, multiplied
-    share, shares = 1.0, []
-    for i in range(len(path)):
-        share *= expected[path[: i + 1]] / sum(w for p, w in expected.items() if len(p) == i + 1 and p[:i] == path[:i])
-        shares.append(share)
-    assert trie.path_shares(trie.path_nodes(depth)).tolist() == pytest.approx(shares)
 
 
 def likeliest_reference(expected: dict, keep_chance: float) -> dict:

@@ -98,8 +98,8 @@ class Batch:
         self.out_ids = np.zeros((rows, k), dtype=np.int64)  # (row, K) the chain drafted
         self.out_len = np.zeros(rows, dtype=np.int64)  # (row,) its length
         self.out_match = np.zeros(rows, dtype=np.int64)  # (row,) its anchor's length
-        self.out_chance = np.zeros(rows, dtype=np.float64)  # (row,) its keep chance per token
-        self.out_share = np.zeros((rows, k), dtype=np.float64)  # (row, K) its path's branch shares
+        self.out_chance = np.zeros((rows, k), dtype=np.float64)  # (row, K) the chance each of its tokens is kept
+        self.out_count = np.zeros((rows, k + 1), dtype=np.int64)  # (row, K + 1) its anchor's occurrences, and those its tokens followed
         self.out_status = np.zeros(rows, dtype=np.int64)  # (row,) kernels.LEARNT, DISCARDED or NO_PLAN
         self.sizes = np.zeros(rows, dtype=np.int64)  # (row,) tokens of its chain sent (the caller's, for commit)
         self.room = np.zeros(rows, dtype=np.int64)  # (row,) the most tokens its chain may hold
@@ -108,8 +108,8 @@ class Batch:
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
         self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (`verified`)
         self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of another's draft it verified
-        self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_share, self.out_status,
-                     self.counts, self.per_pos)  # advance's `out` group
+        self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_status,
+                     self.counts, self.per_pos, self.out_count)  # advance's `out` group
 
     # -- requests, by the caller's key -----------------------------------------------------------
 

@@ -4,7 +4,7 @@ A request holds a slot `s` for its life (rows move, slots do not). `engine.slots
 grows every array below; the kernels only read and write them, never resize:
 
     slots = (cols, keep, overall, plan_ids, watch, watch_ids)
-      cols       int64[S, NUM_COLS]     # per slot, the columns COPIED ... PLAN_POS below
+      cols       int64[S, NUM_COLS]     # per slot, the columns COPIED ... LAST_CHANCE below
       keep       float64[S, M + 1, 2]   # per anchor length m: faded (kept tokens, failures): the keep rate
       overall    float64[S, 2]          # faded (kept, failed) over every length, prior (1, 1)
       plan_ids   int32[S, K]            # the pending chain (cols[s, PLAN_LEN] tokens)
@@ -17,7 +17,7 @@ grows every array below; the kernels only read and write them, never resize:
       rows_slot int64[R] its slot; num_tokens int64[R]; num_sampled int64[R] tokens written this step;
       verified int64[R] of our draft's tokens the step checked; theirs int64[R] of vLLM's own; room int64[R] the
       most tokens its chain may hold; token_ids int32[R, L] the rows' tokens
-    out = (out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos)   # advance's results
+    out = (out_ids, out_len, out_match, out_chance, out_status, counts, per_pos, out_count)   # advance's results
 
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
@@ -33,9 +33,9 @@ from numba import njit
 from lookahead.policy import CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
 from lookahead.index import SEPARATOR
-from lookahead.index.kernels import EMPTY, index_ends
+from lookahead.index.kernels import EMPTY, index_ends, match_ends
 from lookahead.sizing.rules import MAX_CHANCE
-from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path, path_shares
+from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
 
 # columns of slots' cols
 COPIED = 0  # tokens copied from the row: the slot's tokens[:COPIED]
@@ -49,7 +49,11 @@ PLAN_LEN = 7  # the pending chain's length (-1: no plan pending)
 PLAN_SIZE = 8  # tokens of it sent
 PLAN_MATCH = 9  # its anchor's length
 PLAN_POS = 10  # the row's length when it was drafted
-NUM_COLS = 11
+LAST_CHANCE = 11  # its last chain's first token's keep chance, in parts of CHANCE_SCALE (the gate in advance)
+NUM_COLS = 12
+CHANCE_SCALE = 1 << 20
+GATE = 2  # a row whose last chain's first token's chance was below 1 / GATE of the bar is not drafted (a chance moves
+          # from step to step: at one row the bar, about 0.1, gated a third of the steps that would have paid)
 
 # The keep rate (learn_row, keep_chance): per anchor length, faded counts of kept tokens and failures; a length seen
 # rarely leans on the rate over all lengths (PRIOR_WEIGHT pseudo-counts of it), so a request's first steps, each
@@ -57,6 +61,15 @@ NUM_COLS = 11
 PRIOR_WEIGHT = 2.0
 FADE = 0.9  # old counts' weight at each update
 MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this
+
+# Each chain token's keep chance (token_chances): how often the anchor's earlier occurrences went on with the
+# chain's tokens (count_continuations over the request, its documents and memory: SuffixDecoding's frequency),
+# shrunk toward the request's keep rate by FREQ_PRIOR pseudo-occurrences, and how many occurrences and how long an
+# anchor back it, read through one logistic line. LINE was fitted to the kept tokens of Llama-3.1-8B-Instruct's
+# recorded outputs (benchmarks/token_chances.py prints the fit and the chances' calibration; notes/suffix-2026-12-07.md).
+REACH = 64  # occurrences of an anchor examined per store: O(REACH * (anchor + K)) a row
+FREQ_PRIOR = 2.0
+LINE = (-2.06, -0.47, 0.78, 0.35, 1.01)  # bias; weights of log(1 + depth), logit(frequency), log(1 + occurrences), log(1 + anchor)
 
 # advance's per-row status (out_status)
 NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
@@ -207,7 +220,7 @@ def _learn(rows, slots, index, out):
     # advance's first pass: each row's pending plan resolved, its watched rests settled, its new tokens copied
     rows_slot, num_tokens, num_sampled, verified, _, _, token_ids = rows
     cols = slots[0]
-    out_status = out[5]
+    out_status = out[4]
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -224,6 +237,50 @@ def _learn(rows, slots, index, out):
 
 
 @njit(cache=True)
+def count_continuations(index, query, m, path, length, reach, ends, counts):
+    """counts[0] += the occurrences of query's last m tokens among the `reach` most recent in the index
+    (each ending before the index's last token); counts[1 + j] += those of them followed by path[:j + 1].
+    `ends` (max_ngram + 1,) is scratch. Cost: O(max_ngram) probes and O(reach * (m + length))."""
+    tokens, prev, _, n, min_ngram, max_ngram = index
+    if m < min_ngram or m > max_ngram or n < 2 or match_ends(index, query, query.shape[0], ends) < m:
+        return
+    end = ends[m]
+    walked = 0
+    while end >= 0 and walked < reach:  # the occurrences of the last min_ngram tokens, most recent first
+        same = end >= m - 1
+        i = 0
+        while same and i < m:
+            same = tokens[end - i] == query[query.shape[0] - 1 - i]
+            i += 1
+        if same:
+            counts[0] += 1
+            a = 0
+            while a < length and end + 1 + a < n and tokens[end + 1 + a] == path[a]:
+                counts[1 + a] += 1
+                a += 1
+        end = prev[end]
+        walked += 1
+
+
+@njit(cache=True)
+def token_chances(counts, length, chance, anchored, out):
+    """out[j] (j < length): the chance that token j of a chain anchored on `anchored` tokens is kept, not rising
+    with j. counts: count_continuations' (occurrences of the anchor, and those followed by the chain's first j + 1
+    tokens); chance: the request's keep rate per token (keep_chance), the prior of the frequency."""
+    bias, w_depth, w_freq, w_count, w_match = LINE
+    base = bias + w_count * math.log(1.0 + counts[0]) + w_match * math.log(1.0 + max(anchored, 1))
+    last = 1.0
+    prior = 1.0
+    for j in range(length):
+        prior *= chance
+        freq = (counts[1 + j] + FREQ_PRIOR * prior) / (counts[0] + FREQ_PRIOR)
+        freq = min(max(freq, 1e-3), 1.0 - 1e-3)
+        z = base + w_depth * math.log(1.0 + j) + w_freq * math.log(freq / (1.0 - freq))
+        last = min(last, 1.0 / (1.0 + math.exp(-z)))
+        out[j] = last
+
+
+@njit(cache=True)
 def advance(rows, slots, index, docs, memory, options, work, out):
     """One step over every row: learn from the tokens it wrote, count the drafts verified, index them, draft its chain.
 
@@ -235,12 +292,13 @@ def advance(rows, slots, index, docs, memory, options, work, out):
     - the slot takes the row's new tokens.
     The step's verified drafts are counted into counts and per_pos (count_drafts; theirs[r]: tokens
     of vLLM's own draft the row verified).
-    Then each row with room[r] > 0 whose keep chance beats `bar` for some anchor length (the load
-    rule's first bar: below it the rule takes no token of the row), or every such row with
-    `force`, has its index take the tokens not yet indexed and drafts the chain of at most
+    Then each row with room[r] > 0 whose last chain's first token had a chance above `bar` / GATE
+    (the load rule's first bar: below it the rule takes no token of the row; a new request's
+    first step always drafts), or every such row with `force`, has its index take the tokens not
+    yet indexed and drafts the chain of at most
     room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
-    out_match[r] tokens, each kept with chance out_chance[r] (the keep rate) times out_share[r, j]
-    (the branch shares its path kept in the trie: trie.path_shares). Returns (whether any row
+    out_match[r] tokens, its token j kept with chance out_chance[r, j] (token_chances; the anchor's
+    occurrences and those its tokens followed in out_count[r]). Returns (whether any row
     drafted, whether any count is not 0, tokens of rows with room left unindexed: index_rows').
     memory: the shared store's index tuple (index/kernels.py); options = (min_ngram, max_ngram,
     draft_factor, has_memory, bar, force); work = (trie, ends, scratch): trie.py's trie and its
@@ -251,11 +309,10 @@ def advance(rows, slots, index, docs, memory, options, work, out):
     rows_slot, num_tokens, num_sampled, verified, theirs, room, token_ids = rows
     cols, keep, overall, _, _, _ = slots
     trie, ends, scratch = work
-    out_ids, out_len, out_match, out_chance, out_share, out_status, counts, per_pos = out
+    out_ids, out_len, out_match, out_chance, out_status, counts, per_pos, out_count = out
     num_rows = rows_slot.shape[0]
     out_len[:num_rows] = 0
     out_match[:num_rows] = 0
-    out_chance[:num_rows] = 0.0
     _learn(rows, slots, index, out)
     counted = count_drafts(out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
     drafted = False
@@ -269,14 +326,8 @@ def advance(rows, slots, index, docs, memory, options, work, out):
         limit = room[r]
         if limit <= 0 or n < 1:
             continue
-        if not force:  # a row none of whose anchor lengths beats the bar gets no token from the rule: not drafted
-            pays = False
-            for m in range(keep.shape[1]):
-                if min(keep_chance(keep, overall, s, m), MAX_CHANCE) > bar:
-                    pays = True
-                    break
-            if not pays:
-                continue
+        if not force and GATE * cols[s, LAST_CHANCE] <= bar * CHANCE_SCALE:  # its last chain was far below the bar: not drafted
+            continue
         drafted = True
         tok, prv, tab = view(index, s)
         _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
@@ -298,13 +349,24 @@ def advance(rows, slots, index, docs, memory, options, work, out):
                 count, match_len = scratch[0], max(match_len, scratch[1])
         anchored = max(match_len, substituted) if count > 1 else 0
         length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), 0, out_ids[r])  # its nodes
-        path_shares(trie, out_ids[r], length, out_share[r])
         for i in range(length):
             out_ids[r, i] = token[out_ids[r, i]]  # the nodes' tokens
         out_len[r] = length
         out_match[r] = anchored
         if length:
-            out_chance[r] = keep_chance(keep, overall, s, anchored)
+            found = out_count[r]
+            found[:] = 0
+            m = min(max(anchored, 1), max_ngram)
+            path = out_ids[r]
+            count_continuations((tok, prv, tab, n, min_ngram, max_ngram), tok[:n], m, path, length, REACH, ends, found)
+            query = tok[max(0, n - max_ngram) : n]
+            d = cols[s, DOC]
+            if d >= 0 and doc_n[d] > 0:
+                count_continuations(view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends, found)
+            if has_memory and memory[3] > 0:
+                count_continuations(memory, query, m, path, length, REACH, ends, found)
+            token_chances(found, length, keep_chance(keep, overall, s, anchored), anchored, out_chance[r])
+            cols[s, LAST_CHANCE] = int(out_chance[r, 0] * CHANCE_SCALE)
     return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from lookahead.engine import kernels
 from lookahead.engine.arena import IndexArena
-from lookahead.engine.kernels import COPIED, DOC, FIRST_TOKEN, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
+from lookahead.engine.kernels import CHANCE_SCALE, COPIED, DOC, FIRST_TOKEN, LAST_CHANCE, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
 from lookahead.index.token_index import GROWTH, MAX_LOAD, MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
 
 HEADROOM = 2.0  # a new slot's regions hold this many times its row's tokens (its prompt): room for an output as long
@@ -85,6 +85,7 @@ class Slots:
         cols = self.cols
         cols[s] = 0
         cols[s, PROMPT_LEN], cols[s, DOC], cols[s, FIRST_TOKEN], cols[s, LAST_TOKEN], cols[s, PLAN_LEN] = prompt_len, doc, first_token, -1, -1
+        cols[s, LAST_CHANCE] = CHANCE_SCALE  # a new request drafts on its first step
         self.keep[s] = 0.0
         self.overall[s] = 1.0
         self.watch[s, 0, 0] = 0

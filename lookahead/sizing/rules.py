@@ -124,7 +124,7 @@ def batch_draft_sizes(keep_chances, lengths, *, cost, shares=None) -> list[int]:
     """How many drafted tokens of each row a batched step verifies, for the most tokens per second.
 
     Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j,
-    times shares[i][j - 1] where given (the branch shares its chain kept: trie.path_shares).
+    times shares[i][j - 1] where given (any factor in [0, 1] not rising with j).
     Tokens are taken likeliest first while each clears the bar g > G / (fixed_cost_tokens + T),
     G the step's expected tokens and T the tokens it verifies so far (each row's own one
     included), which maximises G / (F + p*T). Within a row the chances fall with j, so each
@@ -149,39 +149,36 @@ def batch_draft_sizes(keep_chances, lengths, *, cost, shares=None) -> list[int]:
     """
     chances, lengths = _rows(keep_chances, lengths)
     width = max(int(lengths.max(initial=0)), 1)
-    branch = np.ones((chances.shape[0], width), dtype=np.float64)
+    per_token = chances[:, None] ** np.arange(1, width + 1)  # (row, width) token j's chance keep_chance ** j
     if shares is not None:
         for i, row in enumerate(shares):
-            branch[i, : lengths[i]] = np.asarray(row, dtype=np.float64)[: lengths[i]]
+            per_token[i, : lengths[i]] *= np.asarray(row, dtype=np.float64)[: lengths[i]]
     sizes = np.zeros(chances.shape[0], dtype=np.int64)
-    batch_sizes(chances, branch, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
+    batch_sizes(per_token, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
     return sizes.tolist()
 
 
 @njit(cache=True)
-def batch_sizes(chances, shares, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
+def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
     """batch_draft_sizes over arrays, for callers that run it every step (the vLLM proposer): writes
     sizes[r] for a step of `rows` rows (each verifying its own token; rows without a chain,
     lengths[r] == 0, need not be passed); returns (drafted tokens taken, of them expected kept).
 
-    Row r's j-th token is kept with chance trust * min(chances[r], MAX_CHANCE) ** j * shares[r, j - 1]
-    (trust: the share of such promises kept, at most 1; 1 is batch_draft_sizes' rule; shares:
-    (row, >= lengths[r]), not rising with j); tokens are taken likeliest first (ties: lower row)
-    while each clears G / (fixed_cost_tokens + T). Within a row the chances fall with j, so the
-    likeliest token left is some row's next one: each take scans the rows with tokens left.
+    Row r's j-th drafted token is kept with chance trust * min(chances[r, j], MAX_CHANCE) (trust: the
+    share of such promises kept, at most 1; chances: (row, >= lengths[r]), not rising with j); tokens
+    are taken likeliest first (ties: lower row) while each clears G / (fixed_cost_tokens + T), G the
+    step's expected tokens and T the tokens it verifies so far. Within a row the chances fall with j,
+    so the likeliest token left is some row's next one: each take scans the rows with tokens left.
     Cost: O(R + taken x R') for R rows, R' of them with a chain; no sort.
     """
     n = chances.shape[0]
     live = np.empty(n, dtype=np.int64)  # (live,) rows with tokens left to take, a nonzero chance
-    chance = np.empty(n, dtype=np.float64)  # (live,) its chance per token
-    power = np.empty(n, dtype=np.float64)  # (live,) chance ** (sizes[row] + 1)
-    gain = np.empty(n, dtype=np.float64)  # (live,) its next token's chance, power * shares[row, sizes[row]]
+    gain = np.empty(n, dtype=np.float64)  # (live,) its next token's chance
     m = 0
     for r in range(n):
         sizes[r] = 0
-        a = min(chances[r], MAX_CHANCE)
-        if lengths[r] > 0 and a > 0.0 and shares[r, 0] > 0.0:
-            live[m], chance[m], power[m], gain[m] = r, a, a, a * shares[r, 0]
+        if lengths[r] > 0 and chances[r, 0] > 0.0:
+            live[m], gain[m] = r, min(chances[r, 0], MAX_CHANCE)
             m += 1
     expected = float(rows)  # G: each row's own token
     verified = float(rows)  # T
@@ -201,10 +198,9 @@ def batch_sizes(chances, shares, lengths, rows, fixed_cost_tokens, sizes, trust=
         taken += 1
         if sizes[r] == lengths[r]:  # the row's chain is all taken: the last live row takes its place
             m -= 1
-            live[best], chance[best], power[best], gain[best] = live[m], chance[m], power[m], gain[m]
+            live[best], gain[best] = live[m], gain[m]
         else:
-            power[best] *= chance[best]
-            gain[best] = power[best] * shares[r, sizes[r]]
+            gain[best] = min(chances[r, sizes[r]], MAX_CHANCE)
     return taken, expected - rows
 
 

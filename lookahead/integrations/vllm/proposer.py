@@ -194,8 +194,7 @@ class LookupProposer:
         sent_tokens, promised = 0, 0.0  # drafted tokens sent, and how many of them the sizer expects kept
         if drafting and self.options["cost_aware"]:
             # each decode row verifies and yields its own token; once a draft is sent, D is paid: the fixed part is h + d
-            taken, expected = batch_sizes(batch.out_chance[:num_rows], batch.out_share[:num_rows], chains, decode, h + d,
-                                           sizes, trust)
+            taken, expected = batch_sizes(batch.out_chance[:num_rows], chains, decode, h + d, sizes, trust)
             if taken:
                 if self.cost.wants_plain_step() or not worth_sending(decode, expected, taken, h, d):
                     sizes[:] = 0  # drafting does not pay at this load (or a plain step is measured): chains watched, not sent
