@@ -25,6 +25,7 @@ import pytest
 from lookahead.drafter import LookupDrafter
 from lookahead.request import Request
 from lookahead.sizing.cost import LineCost
+from lookahead.index.kernels import MAX_NGRAM
 from lookahead.sizing.rules import MAX_CHANCE, batch_draft_sizes, batch_sizes
 from lookahead.store import TokenStore
 from lookahead.integrations.vllm import LOGGER, PROPOSER, LookupProposer, engine_args, find_runner, read_options
@@ -423,10 +424,12 @@ class ReferenceProposer:
         self.k, self.max_model_len, self.cost, self.eos = k, max_model_len, cost, eos_token_id
         self.memory = TokenStore()
         self.requests, self.sent, self.steps = {}, {}, 0
+        self.last_chance = {}  # request key -> its last chain's first token's chance, in parts of kernels.CHANCE_SCALE
 
     def step(self, rows, sampled):
         for key in [k for k in self.requests if k not in {r for r, _, _ in rows}]:
             self.memory_later.append(self.requests.pop(key).drafter.index.tokens.copy())
+            self.last_chance.pop(key, None)
         chains, keys = [], []
         for (key, prompt, output), written in zip(rows, sampled):
             request = self.requests.get(key)
@@ -449,26 +452,32 @@ class ReferenceProposer:
         h, d, n_decode = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens, len(decode)
         line = LineCost(h + d)  # once a draft is sent, D is paid: the sizer's fixed part
 
-        def worth(chances, lengths, shares):  # the sizes the sizer takes, or none where they would not gain load.MIN_GAIN
-            sizes = batch_draft_sizes(chances, lengths, cost=line, shares=shares)
-            expected = sum(min(c, MAX_CHANCE) ** j * share[j - 1] for c, share, size in zip(chances, shares, sizes)
-                           for j in range(1, size + 1))
+        def worth(chances):  # the sizes the sizer takes, or none where they would not gain load.MIN_GAIN
+            sizes = batch_draft_sizes(chances, cost=line)
+            expected = sum(min(p, MAX_CHANCE) for row, size in zip(chances, sizes) for p in row[:size])
             return sizes if worth_sending(n_decode, expected, sum(sizes), h, d) else [0] * len(sizes)
 
-        def shares_of(request, chain):  # the branch shares its chain's path kept in its drafter's trie
-            trie = request.drafter._trie
-            return trie.path_shares(trie.path_nodes(len(chain), first_class=request.drafter._lookup_nodes)).tolist()
+        def chances_of(request, chain):  # its tokens' chances: the anchor's continuations in the request and memory
+            counts, ends, grams = np.zeros(len(chain) + 1, dtype=np.int64), np.zeros(MAX_NGRAM + 1, dtype=np.int64), request.drafter.max_ngram
+            index = request.drafter.index.buffers()
+            m, path = min(max(chain.match_len, 1), grams), chain.token_ids.astype(np.int64)
+            kernels.count_continuations(index, index[0][: index[3]], m, path, len(chain), kernels.REACH, ends, counts)
+            with self.memory.reading() as memory:
+                kernels.count_continuations(memory, index[0][max(0, index[3] - grams) : index[3]], m, path, len(chain),
+                                            kernels.REACH, ends, counts)
+            out = np.zeros(len(chain))
+            kernels.token_chances(counts, len(chain), request.keep_chance(chain), chain.match_len, out)
+            return out.tolist()
 
-        bar = n_decode / (h + d + n_decode)  # a row below it for every anchor length: not drafted
-        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
-            kernels.keep_chance(request.slots.keep, request.slots.overall, 0, m) for m in range(request.drafter.max_ngram + 1))) > bar]
+        bar = n_decode / (h + d + n_decode)  # a row whose last chain's first token was below bar / GATE: not drafted
+        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or (
+            bar < MAX_CHANCE and kernels.GATE * self.last_chance.get(key, kernels.CHANCE_SCALE) > bar * kernels.CHANCE_SCALE)]
         out = {}
         if drafting:
             chains = {key: (request, request.propose(room)) for key, request, room in drafting}
-            shares = {key: shares_of(request, chain) for key, (request, chain) in chains.items()}
-            sizes = worth([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
-                          [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode],
-                          [shares.get(key, []) for key, _, _ in decode])
+            chances = {key: chances_of(request, chain) for key, (request, chain) in chains.items() if len(chain)}
+            self.last_chance.update({key: int(row[0] * kernels.CHANCE_SCALE) for key, row in chances.items()})
+            sizes = worth([chances.get(key, []) for key, _, _ in decode])
             for (key, _, _), size in zip(decode, sizes):
                 if key in chains:
                     request, chain = chains[key]
@@ -565,12 +574,10 @@ def test_batched_steps_equal_the_request_classes(seed, first_capacity, index_ahe
         assert proposer.stats.withheld_steps > 0
 
 
-def greedy_batch_sizes(chances, lengths, fixed_cost_tokens, trust=1.0, shares=None):
+def greedy_batch_sizes(chances, fixed_cost_tokens, trust=1.0):
     """batch_draft_sizes' rule written plainly: every drafted token, likeliest first (ties: row, then
-    place), taken while its chance (times `trust`, times its branch share) clears G / (fixed_cost_tokens + T)."""
-    shares = shares or [[1.0] * n for n in lengths]
-    tokens = sorted(((-trust * min(a, MAX_CHANCE) ** j * shares[r][j - 1], r, j)
-                     for r, (a, n) in enumerate(zip(chances, lengths)) for j in range(1, n + 1)))
+    place), taken while its chance (times `trust`) clears G / (fixed_cost_tokens + T)."""
+    tokens = sorted((-trust * min(p, MAX_CHANCE), r, j) for r, row in enumerate(chances) for j, p in enumerate(row))
     sizes, expected, verified = [0] * len(chances), float(len(chances)), float(len(chances))
     for gain, r, _ in tokens:
         if -gain <= expected / (fixed_cost_tokens + verified):
@@ -582,21 +589,24 @@ def greedy_batch_sizes(chances, lengths, fixed_cost_tokens, trust=1.0, shares=No
 @pytest.mark.parametrize("seed", range(16))
 def test_batch_sizes_kernel_equals_a_greedy_reference(seed):
     rng = np.random.default_rng(seed)
-    chances = rng.choice([0.0, 0.2, 0.5, 0.9, 0.999, 1.0], size=12)
     lengths = rng.integers(0, 9, size=12)
-    # branch shares: 1 (a path that never branches), or falling along the path as a trie's do
-    shares = np.where(rng.random((12, 1)) < 0.5, 1.0, np.cumprod(rng.choice([1.0, 0.5, 0.25], size=(12, 8)), axis=1))
-    a = np.minimum(chances, MAX_CHANCE)
+    # per-token chances falling along each row: a first token's chance, then factors of 1 (equal chances) or less
+    first = rng.choice([0.0, 0.2, 0.5, 0.9, 0.999, 1.0], size=(12, 1))
+    chances = first * np.cumprod(np.where(np.arange(8) == 0, 1.0, rng.choice([1.0, 0.9, 0.5, 0.25], size=(12, 8))), axis=1)
+    rows = [chances[r, : lengths[r]].tolist() for r in range(12)]
     sizes = np.zeros(12, dtype=np.int64)
     for fixed in (1.0, 4.0, 64.0, 4096.0):
         for trust in (1.0, 0.3, 0.7):  # every chance trusted that far: fewer tokens, each expected to keep that share
-            taken, kept = batch_sizes(chances, shares, lengths, 12, fixed, sizes, trust)
-            assert sizes.tolist() == greedy_batch_sizes(chances.tolist(), lengths.tolist(), fixed, trust, shares.tolist()), (fixed, trust)
+            taken, kept = batch_sizes(chances, lengths, 12, fixed, sizes, trust)
+            assert sizes.tolist() == greedy_batch_sizes(rows, fixed, trust), (fixed, trust)
             assert taken == sizes.sum()
-            assert kept == pytest.approx(trust * sum(a[r] ** j * shares[r, j - 1] for r in range(12) for j in range(1, sizes[r] + 1)))
-        assert batch_draft_sizes(chances, lengths, cost=LineCost(fixed), shares=shares) == \
-            greedy_batch_sizes(chances.tolist(), lengths.tolist(), fixed, shares=shares.tolist())
-        assert batch_draft_sizes(chances, lengths, cost=LineCost(fixed)) == greedy_batch_sizes(chances.tolist(), lengths.tolist(), fixed)
+            assert kept == pytest.approx(trust * sum(min(chances[r, j], MAX_CHANCE) for r in range(12) for j in range(sizes[r])))
+        assert batch_draft_sizes(rows, cost=LineCost(fixed)) == greedy_batch_sizes(rows, fixed)
+
+
+def test_batch_draft_sizes_refuses_chances_that_rise():
+    with pytest.raises(ValueError, match="not rising"):
+        batch_draft_sizes([[0.5, 0.6]], cost=LineCost(4.0))
 
 
 def test_two_proposers_fed_the_same_steps_draft_alike():

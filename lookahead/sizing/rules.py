@@ -120,41 +120,38 @@ def tree_nodes(chain_size: int, max_tree_nodes: int, cost, *, rows: int = 1) -> 
 # rises toward the yield per verified token, G / T, and drafts shrink, then stop.
 
 
-def batch_draft_sizes(keep_chances, lengths, *, cost, shares=None) -> list[int]:
+def batch_draft_sizes(chances, *, cost) -> list[int]:
     """How many drafted tokens of each row a batched step verifies, for the most tokens per second.
 
-    Row i's j-th drafted token (j = 1..lengths[i]) is kept with chance keep_chances[i] ** j,
-    times shares[i][j - 1] where given (any factor in [0, 1] not rising with j).
-    Tokens are taken likeliest first while each clears the bar g > G / (fixed_cost_tokens + T),
-    G the step's expected tokens and T the tokens it verifies so far (each row's own one
-    included), which maximises G / (F + p*T). Within a row the chances fall with j, so each
-    row verifies a prefix of its draft.
+    Row i's j-th drafted token is kept with chance chances[i][j] (not rising with j; capped at
+    MAX_CHANCE; an empty list: no draft). Tokens are taken likeliest first while each clears the
+    bar g > G / (fixed_cost_tokens + T), G the step's expected tokens and T the tokens it verifies
+    so far (each row's own one included), which maximises G / (F + p*T). Within a row the chances
+    fall with j, so each row verifies a prefix of its draft.
 
     Args:
-        keep_chances: per row, the chance a drafted token is kept (engine.kernels.keep_chance).
-        lengths: per row, the drafted tokens available (0: none).
+        chances: per row, its drafted tokens' chances of being kept (engine.kernels.token_chances).
         cost: the step's cost (sizing.cost); only its fixed part in verified tokens, F / p, is read.
-        shares: per row, at least lengths[i] shares in [0, 1], not rising with j (None: all 1).
     Returns:
         per row, the number of its drafted tokens to verify.
 
     Example:
         >>> from lookahead.sizing.cost import LineCost
-        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1000.0))  # idle hardware: all but the unlikeliest
+        >>> sure, unsure = [0.9, 0.81, 0.73, 0.66], [0.2, 0.04, 0.01, 0.002]
+        >>> batch_draft_sizes([sure, unsure], cost=LineCost(1000.0))  # idle hardware: all but the unlikeliest
         [4, 3]
-        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1.0))  # every token costs: only the likely ones
+        >>> batch_draft_sizes([sure, unsure], cost=LineCost(1.0))  # every token costs: only the likely ones
         [2, 0]
-        >>> batch_draft_sizes([0.9, 0.2], [4, 4], cost=LineCost(1.0), shares=[[1.0, 0.5, 0.5, 0.5], [1.0] * 4])
-        [1, 0]
     """
-    chances, lengths = _rows(keep_chances, lengths)
-    width = max(int(lengths.max(initial=0)), 1)
-    per_token = chances[:, None] ** np.arange(1, width + 1)  # (row, width) token j's chance keep_chance ** j
-    if shares is not None:
-        for i, row in enumerate(shares):
-            per_token[i, : lengths[i]] *= np.asarray(row, dtype=np.float64)[: lengths[i]]
-    sizes = np.zeros(chances.shape[0], dtype=np.int64)
-    batch_sizes(per_token, lengths, chances.shape[0], float(cost.fixed_cost_tokens), sizes)
+    rows = [np.asarray(row, dtype=np.float64) for row in chances]
+    if any(row.ndim != 1 or (row < 0).any() or (np.diff(row) > 0).any() for row in rows):
+        raise ValueError("each row's chances must be a 1-D sequence of numbers >= 0, not rising")
+    lengths = np.array([row.shape[0] for row in rows], dtype=np.int64)
+    per_token = np.zeros((len(rows), max(int(lengths.max(initial=0)), 1)), dtype=np.float64)  # (row, longest)
+    for i, row in enumerate(rows):
+        per_token[i, : lengths[i]] = row
+    sizes = np.zeros(lengths.shape[0], dtype=np.int64)
+    batch_sizes(per_token, lengths, lengths.shape[0], float(cost.fixed_cost_tokens), sizes)
     return sizes.tolist()
 
 
