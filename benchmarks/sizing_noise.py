@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_sizing_noise import CPU, GPU, NOISES, Clock, LookupDrafter, StepCosts, edited, never_kept, run, tokens_per_step  # noqa: E402
+from tests.sizing.test_cost_noise import CPU, GPU, NOISES, Clock, LookupDrafter, StepCosts, edited, never_kept, run, tokens_per_step  # noqa: E402
 
 NAMES = ["quiet", "stalls", "many-stalls", "busy"]
 

@@ -16,8 +16,8 @@ import lookahead
 from lookahead import LookupDrafter
 from tests.cases import story_prompt
 from tests.models import stories_model
-from tests.test_batch import left_padded
-from tests.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, conditional_logits, pit_values, uniformity_p_value
+from tests.integrations.test_generate_batch import left_padded
+from tests.integrations.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, conditional_logits, pit_values, uniformity_p_value
 
 RUNS = 120  # x 3 rows x 50 tokens = 18,000 sampled tokens, 6,000 per row
 SHAPES = ((60, 5), (30, 3), (45, 8))
