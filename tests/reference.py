@@ -1,4 +1,17 @@
-"""Brute-force references the fast code is tested against."""
+"""References the fast code is tested against: brute force, plain Python, or the per-request classes that the
+batched kernels follow."""
+
+import itertools
+import math
+
+from lookahead.drafter import LookupDrafter
+from lookahead.engine import kernels
+from lookahead.integrations.vllm.proposer import LEARN_EVERY
+from lookahead.request import Request
+from lookahead.sizing.cost import LineCost
+from lookahead.sizing.load import worth_sending
+from lookahead.sizing.rules import MAX_CHANCE, MIN_GAIN, batch_draft_sizes
+from lookahead.store import TokenStore
 
 
 def longest_match(tokens, min_ngram, max_ngram):
@@ -176,3 +189,114 @@ class KeepRate:
             if not failed and agree < len(ids):
                 still.append(watched)
         self.watched = still
+
+
+class ReferenceProposer:
+    """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and its
+    keep rate, itself tested against a plain-Python mirror in tests/test_request.py; one TokenStore as memory;
+    batch_draft_sizes; worth_sending under the cost's h and d):
+    what kernels.advance, batch_sizes and commit must reproduce for all rows at once."""
+
+    def __init__(self, k, max_model_len, cost, eos_token_id):  # cost: fixed_cost_tokens (h), draft_cost_tokens (d)
+        self.k, self.max_model_len, self.cost, self.eos = k, max_model_len, cost, eos_token_id
+        self.memory = TokenStore()
+        self.requests, self.sent, self.steps = {}, {}, 0
+
+    def step(self, rows, sampled):
+        for key in [k for k in self.requests if k not in {r for r, _, _ in rows}]:
+            self.memory_later.append(self.requests.pop(key).drafter.index.tokens.copy())
+        chains, keys = [], []
+        for (key, prompt, output), written in zip(rows, sampled):
+            request = self.requests.get(key)
+            if request is None:
+                request = self.requests[key] = Request(LookupDrafter(num_draft_tokens=self.k, memory=self.memory,
+                                                                     eos_token_id=self.eos, cost_aware=False), sized=True)
+                request.start(prompt)
+            n = len(prompt) + len(output)
+            if request.last is not None:
+                sent = self.sent.get(key, [])
+                if n == request.position + len(written) and written:
+                    request.verified(written, checked=len(sent))
+                else:
+                    request.discard()
+            if n > len(request.drafter.index):
+                request.extend((list(prompt) + list(output))[len(request.drafter.index):n])
+            room = min(self.k, self.max_model_len - n)
+            keys.append((key, request, room if written else 0))
+        decode = [(key, request, room) for key, request, room in keys if room > 0]
+        h, d, n_decode = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens, len(decode)
+        line = LineCost(h + d)  # once a draft is sent, D is paid: the sizer's fixed part
+
+        def worth(chances, lengths, shares):  # the sizes the sizer takes, or none where they would not gain load.MIN_GAIN
+            sizes = batch_draft_sizes(chances, lengths, cost=line, shares=shares)
+            expected = sum(min(c, MAX_CHANCE) ** j * share[j - 1] for c, share, size in zip(chances, shares, sizes)
+                           for j in range(1, size + 1))
+            return sizes if worth_sending(n_decode, expected, sum(sizes), h, d) else [0] * len(sizes)
+
+        def shares_of(request, chain):  # the branch shares its chain's path kept in its drafter's trie
+            trie = request.drafter._trie
+            return trie.path_shares(trie.path_nodes(len(chain), first_class=request.drafter._lookup_nodes)).tolist()
+
+        bar = n_decode / (h + d + n_decode)  # a row below it for every anchor length: not drafted
+        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or min(MAX_CHANCE, max(
+            kernels.keep_chance(request.slots.keep, request.slots.overall, 0, m) for m in range(request.drafter.max_ngram + 1))) > bar]
+        out = {}
+        if drafting:
+            chains = {key: (request, request.propose(room)) for key, request, room in drafting}
+            shares = {key: shares_of(request, chain) for key, (request, chain) in chains.items()}
+            sizes = worth([request.keep_chance(chains[key][1]) if key in chains else 0.0 for key, request, _ in decode],
+                          [len(chains[key][1]) if key in chains else 0 for key, _, _ in decode],
+                          [shares.get(key, []) for key, _, _ in decode])
+            for (key, _, _), size in zip(decode, sizes):
+                if key in chains:
+                    request, chain = chains[key]
+                    if len(chain):
+                        request.commit(chain, size)
+                    out[key] = chain.token_ids[:size].tolist()
+        self.sent = {key: ids for key, ids in out.items() if ids}
+        self.steps += 1
+        for tokens in self.memory_later:
+            self.memory.add(tokens)
+        self.memory_later = []
+        return [out.get(key, []) for key, _, _ in rows]
+
+    memory_later: list = []
+
+
+def greedy_batch_sizes(chances, lengths, fixed_cost_tokens, trust=1.0, shares=None):
+    """batch_draft_sizes' rule written plainly: every drafted token, likeliest first (ties: row, then
+    place), taken while its chance (times `trust`, times its branch share) clears G / (fixed_cost_tokens + T)."""
+    shares = shares or [[1.0] * n for n in lengths]
+    tokens = sorted(((-trust * min(a, MAX_CHANCE) ** j * shares[r][j - 1], r, j)
+                     for r, (a, n) in enumerate(zip(chances, lengths)) for j in range(1, n + 1)))
+    sizes, expected, verified = [0] * len(chances), float(len(chances)), float(len(chances))
+    for gain, r, _ in tokens:
+        if -gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[r], expected, verified = sizes[r] + 1, expected - gain, verified + 1
+    return sizes
+
+
+def kept_distribution(a: float, m: int) -> list[float]:
+    """P(a row keeps k of m verified drafted tokens), k = 0..m: each kept with chance a after the ones before."""
+    return [a**k * (1 - a) for k in range(m)] + [a**m]
+
+
+def brute_static_sizes(chances, lengths, remaining, rates, h):
+    """Every block width tried, the rows behind's least gain by enumerating their joint outcomes."""
+    steps = [r / e for r, e in zip(remaining, rates)]
+    behind = [i for i, n in enumerate(steps) if n >= max(steps) - 1]
+    best, best_worth = 0, -1.0
+    for drafted in range(max(lengths) + 1):
+        depth = [min(n, drafted) for n in lengths]
+        expected = sum(sum(k * p for k, p in enumerate(kept_distribution(a, m))) + 1 for a, m in zip(chances, depth))
+        least = 0.0
+        for outcome in itertools.product(*(range(depth[i] + 1) for i in behind)):
+            chance = math.prod(kept_distribution(chances[i], depth[i])[k] for i, k in zip(behind, outcome))
+            least += chance * min(outcome)
+        worth = (h * (1 + least) + expected) / (h + len(chances) * (drafted + 1))
+        if drafted == 0 and len(chances) == 1:
+            worth *= 1 + MIN_GAIN  # one row: chain_size's rule, a draft beats a plain step by MIN_GAIN
+        if worth > best_worth + 1e-12:
+            best, best_worth = drafted, worth
+    return [min(n, best) for n in lengths]

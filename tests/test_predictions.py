@@ -9,6 +9,7 @@ from lookahead import LookupDrafter, PredictionTable
 from lookahead import predictions as predictions_module
 from lookahead import trie as trie_module
 from lookahead.drafter import CARRY
+from lookahead.predictions import TreeChances
 from lookahead.trie import DraftTrie
 from tests.test_trie import node_weights
 
@@ -307,3 +308,23 @@ def test_top_ids_reads_one_rows_range_as_it_reads_the_list():
     by_range, by_list = top_ids(logits, [range(2, 7)], 4), top_ids(logits, [list(range(2, 7))], 4)
     assert len(by_range) == 1 and by_range[0].shape == (5, 4) and np.array_equal(by_range[0], by_list[0])
     assert np.array_equal(by_list[0][:, 0], logits[0, 2:7].argmax(dim=-1).numpy())
+
+
+def test_tree_chances_learn_what_each_band_of_estimates_keeps_per_source():
+    chances = TreeChances()
+
+    def corrected(estimates, table):
+        _, bands, errors = chances.correction(0)
+        return np.clip(estimates + errors[np.asarray(table, dtype=np.int64), np.searchsorted(bands, estimates, side="right")], 0, 1)
+
+    estimates = np.array([0.002, 0.05, 0.5])
+    prior = TreeChances.PRIOR_ERROR
+    assert corrected(estimates, [0, 0, 1]).tolist() == pytest.approx([0.002 + prior[0], 0.05 + prior[2], 0.5 + prior[-1]])  # the prior's guess
+    for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated; the table's likely one never
+        chances.observe(np.array([0.002] * 20 + [0.5, 0.5]), np.array([False] * 21 + [True]),
+                        np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1), False]))
+    assert corrected(estimates, [0, 0, 0]).tolist() == pytest.approx([0.05, 0.05 + prior[2], 0.25], abs=0.02)
+    shrunk = (0.5 + prior[-1]) * TreeChances.PRIOR_NODES / (1000 + TreeChances.PRIOR_NODES)  # the table's: never kept, the prior's pull left
+    assert corrected(np.array([0.002, 0.5]), [1, 1]).tolist() == pytest.approx([0.002 + prior[0], shrunk])
+    assert corrected(np.array([0.001, 0.99]), [0, 1]).min() >= 0.0 and corrected(np.array([0.99]), [0]).max() <= 1.0
+    assert chances.correction(7)[0] == 7

@@ -36,7 +36,7 @@ import pytest
 from lookahead.integrations.vllm import engine_args
 from lookahead.stats_file import STATS_INTERVAL_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 K = 4
 MAX_NUM_SEQS = 16
 VOCAB = 512
