@@ -1,5 +1,5 @@
 """The one-row sizer under a step clock we control (a design aid, no model): the scenarios of
-tests/test_sizing_noise.py over 10 seeds each, printed as notes/sizing-2026-12-07.md's table.
+tests/sizing/test_cost_noise.py over 10 seeds each, printed as notes/sizing-2026-12-07.md's table.
 
     python benchmarks/sizing_noise.py        # from the repository's root
 """

@@ -23,7 +23,7 @@ grows every array below; the kernels only read and write them, never resize:
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
 drafted as `LookupDrafter.propose` drafts it, through the same index and trie kernels);
 sizing.rules.batch_sizes then cuts the chains to the load rule and `commit` records the plans.
-tests/test_vllm.py checks both against the Python classes they follow.
+tests/engine/test_batch.py checks both against the Python classes they follow.
 """
 
 import math

@@ -1,6 +1,6 @@
 """Sampling in a batch draws every row's tokens from the model's own conditional distribution.
 
-As tests/test_sampling_exact.py, per row: ragged left-padded rows sampled together many
+As tests/integrations/test_sampling_exact.py, per row: ragged left-padded rows sampled together many
 times through our engine (trees, drafts from the rows' own stories and the shared memory);
 each row's tokens are judged by the randomized probability integral transform against the
 exact conditionals of a one-row forward pass over its finished sequence.
