@@ -118,6 +118,53 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
     return candidates
 
 
+def likeliest_reference(expected: dict, keep_chance: float) -> dict:
+    """{path: estimate} of every node: its parent's estimate times keep_chance for the heaviest of its siblings, the
+    others in proportion to their weight, the siblings together at most 1."""
+    chance = {(): 1.0}
+    for path in sorted(expected, key=len):
+        siblings = [w for p, w in expected.items() if len(p) == len(path) and p[:-1] == path[:-1]]
+        total, heaviest = sum(siblings), max(siblings)
+        chance[path] = chance[path[:-1]] * expected[path] / total * min(1.0, keep_chance * total / heaviest)
+    del chance[()]
+    return chance
+
+
+def reference_record(rows: dict, inputs, predicted, k):
+    """{input id: its k predicted ids}, the last input of an id winning."""
+    for t, ids in zip(inputs, predicted):
+        rows[t] = list(ids[:k])
+    return rows
+
+
+def reference_ranks(rows: dict, tokens, start, k):
+    counts = [0] * (k + 1)
+    for i in range(max(start, 1), len(tokens)):
+        row = rows.get(tokens[i - 1])
+        if row is None:
+            continue
+        counts[row.index(tokens[i]) if tokens[i] in row else k] += 1
+    return counts
+
+
+def reference_expansion(rows: dict, root, chances, budget, max_depth, eos, vocab_limit):
+    """Probabilities of the `budget` likeliest table paths from root (at most max_depth tokens, none through an
+    eos id or an id >= vocab_limit), likeliest first: {path: probability}."""
+    paths = {}
+
+    def visit(token, path, p):
+        if len(path) == max_depth:
+            return
+        for r, t in enumerate(rows.get(token, [])):
+            if t < 0 or chances[r] <= 0 or t in eos or t >= vocab_limit:
+                continue
+            paths[path + (t,)] = p * chances[r]
+            visit(t, path + (t,), p * chances[r])
+
+    visit(root, (), 1.0)
+    return paths
+
+
 class KeepRate:
     """The per-token keep chance of one request's drafts, per anchor match length: a plain-Python mirror of
     lookahead.engine.kernels' keep rate (learn_row, settle_row, keep_chance), what they are tested against.

@@ -11,6 +11,7 @@ from lookahead import trie as trie_module
 from lookahead.drafter import CARRY
 from lookahead.predictions import TreeChances
 from lookahead.trie import DraftTrie
+from tests.reference import reference_expansion, reference_ranks, reference_record
 from tests.test_trie import node_weights
 
 
@@ -19,13 +20,6 @@ def test_warm_up_compiles_every_kernel():
     assert trie_module.warm_up() == 4
     for kernel in (predictions_module.record_rows, predictions_module.rank_counts, trie_module.add_predictions):
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
-
-
-def reference_record(rows: dict, inputs, predicted, k):
-    """{input id: its k predicted ids}, the last input of an id winning."""
-    for t, ids in zip(inputs, predicted):
-        rows[t] = list(ids[:k])
-    return rows
 
 
 @settings(max_examples=200, deadline=None)
@@ -58,16 +52,6 @@ def test_record_refuses_a_shape_that_does_not_match():
         PredictionTable(k=0)
 
 
-def reference_ranks(rows: dict, tokens, start, k):
-    counts = [0] * (k + 1)
-    for i in range(max(start, 1), len(tokens)):
-        row = rows.get(tokens[i - 1])
-        if row is None:
-            continue
-        counts[row.index(tokens[i]) if tokens[i] in row else k] += 1
-    return counts
-
-
 @settings(max_examples=200, deadline=None)
 @given(rows=st.dictionaries(st.integers(0, 5), st.permutations(range(6)).map(lambda p: list(p[:2])), max_size=6),
        tokens=st.lists(st.integers(0, 5), max_size=20), start=st.integers(0, 20))
@@ -79,24 +63,6 @@ def test_rank_counts_equal_the_reference(rows, tokens, start):
     counts = np.zeros(3, dtype=np.int64)
     predictions_module.rank_counts(table.ids, np.array(tokens, dtype=np.int32), start, counts)
     assert counts.tolist() == reference_ranks(rows, tokens, start, 2)
-
-
-def reference_expansion(rows: dict, root, chances, budget, max_depth, eos, vocab_limit):
-    """Probabilities of the `budget` likeliest table paths from root (at most max_depth tokens, none through an
-    eos id or an id >= vocab_limit), likeliest first: {path: probability}."""
-    paths = {}
-
-    def visit(token, path, p):
-        if len(path) == max_depth:
-            return
-        for r, t in enumerate(rows.get(token, [])):
-            if t < 0 or chances[r] <= 0 or t in eos or t >= vocab_limit:
-                continue
-            paths[path + (t,)] = p * chances[r]
-            visit(t, path + (t,), p * chances[r])
-
-    visit(root, (), 1.0)
-    return paths
 
 
 @settings(max_examples=300, deadline=None)
