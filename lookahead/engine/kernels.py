@@ -55,7 +55,7 @@ NUM_COLS = 11
 # rarely leans on the rate over all lengths (PRIOR_WEIGHT pseudo-counts of it), so a request's first steps, each
 # anchored on a longer match than the last, learn from one another.
 PRIOR_WEIGHT = 2.0
-FADE = 0.9  # old counts' weight at each update
+FADE = 0.9  # old counts' weight at each update (up to K + 1 counts: a step's kept tokens and failure): 10 updates' memory
 MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this
 
 # advance's per-row status (out_status)
