@@ -54,7 +54,8 @@ class VllmSuffix:
     Raises:
         SuffixUnavailableError: arctic_inference does not import.
 
-    Example (where arctic-inference is installed):
+    Example (it needs arctic-inference; the doctest skips without it):
+        >>> import pytest; _ = pytest.importorskip("arctic_inference")
         >>> suffix = VllmSuffix(num_speculative_tokens=4)
         >>> prompt = np.array([1, 2, 3, 4, 5, 1, 2], dtype=np.int32)
         >>> suffix.propose("a", prompt, [], prompt).tolist()  # [1, 2] occurred, followed by 3 4 5 1
