@@ -1,5 +1,5 @@
 """The one-row sizer under a step clock we control (a design aid, no model): the scenarios of
-tests/test_sizing_noise.py over 10 seeds each, printed as notes/sizing-2026-12-07.md's table.
+tests/sizing/test_cost_noise.py over 10 seeds each, printed as notes/sizing-2026-12-07.md's table.
 
     python benchmarks/sizing_noise.py        # from the repository's root
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_sizing_noise import CPU, GPU, NOISES, Clock, LookupDrafter, StepCosts, edited, never_kept, run, tokens_per_step  # noqa: E402
+from tests.sizing.test_cost_noise import CPU, GPU, NOISES, Clock, LookupDrafter, StepCosts, edited, never_kept, run, tokens_per_step  # noqa: E402
 
 NAMES = ["quiet", "stalls", "many-stalls", "busy"]
 

@@ -37,7 +37,6 @@ not a measurement of speed: the serving bench decides.
 """
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -47,6 +46,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from lookahead.bench.suffix import SuffixUnavailableError, VllmSuffix, cache_class
 from lookahead.integrations.vllm import LookupProposer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,31 +146,21 @@ class Runner:
 
 
 class SuffixProposer:
-    """vLLM 0.32's `suffix` method on this bench's batch: its proposer's calls to arctic-inference's
-    SuffixDecodingCache (vllm/v1/spec_decode/suffix_decoding.py), with vLLM's defaults."""
+    """vLLM 0.32's `suffix` method on this bench's batch, with vLLM's defaults (lookahead.bench.suffix.VllmSuffix:
+    vllm/v1/spec_decode/suffix_decoding.py's calls to arctic-inference's SuffixDecodingCache)."""
 
-    def __init__(self, *, max_tree_depth: int = 24, max_spec_factor: float = 1.0, min_token_prob: float = 0.1):
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        self.cache = SuffixDecodingCache(max_tree_depth=max_tree_depth, max_cached_requests=10_000)
-        self.max_tree_depth, self.max_spec_factor, self.min_token_prob = max_tree_depth, max_spec_factor, min_token_prob
+    def __init__(self):
+        self.suffix = VllmSuffix(num_speculative_tokens=K)
         self.batch = None  # the runner's Batch: set by the caller (vLLM hands the proposer its input_batch)
 
     def load_model(self, *args) -> None:
         pass
 
     def propose(self, sampled, num_tokens, token_ids) -> list[list[int]]:
-        batch, cache, drafts = self.batch, self.cache, []
-        for req_id in cache.active_requests - set(batch.req_ids):  # (vLLM stops them at the end of its call: the same
-            cache.stop_request(req_id)                              # requests, before the same next speculate)
-        for row, ids in enumerate(sampled):
-            req_id, n = batch.req_ids[row], int(num_tokens[row])
-            if req_id not in cache.active_requests:
-                cache.start_request(req_id, token_ids[row, : batch.num_prompt_tokens[row]])
-            cache.add_active_response(req_id, ids)
-            draft = cache.speculate(req_id, token_ids[row, max(0, n - self.max_tree_depth) : n], max_spec_tokens=K,
-                                    max_spec_factor=self.max_spec_factor, min_token_prob=self.min_token_prob)
-            drafts.append(list(draft.token_ids))
+        batch = self.batch
+        drafts = [self.suffix.propose(batch.req_ids[row], token_ids[row, : batch.num_prompt_tokens[row]], ids,
+                                      token_ids[row, : int(num_tokens[row])]).tolist() for row, ids in enumerate(sampled)]
+        self.suffix.stop_absent(batch.req_ids)
         return drafts
 
 
@@ -182,10 +172,11 @@ def drafting(traces, rows: int, requests: int, step_cost: tuple, spread: float =
     fixed, per_row, per_token = step_cost
     makers = {name: (lambda options=options: LookupProposer(config(rows, **options))) for name, options in RULES.items()}
     makers[f"rule F/p={fixed / per_token:.3g}"] = lambda: LookupProposer(config(rows, fixed_cost_tokens=fixed / per_token))
-    if importlib.util.find_spec("arctic_inference") is not None:
+    try:
+        cache_class()
         makers["vLLM suffix"] = SuffixProposer
-    else:
-        print("vLLM suffix: left out, arctic_inference is not importable", file=sys.stderr)
+    except SuffixUnavailableError as e:
+        print(f"vLLM suffix: left out. {e}", file=sys.stderr)
     for name, make in makers.items():
         proposer = make()
         runner = Runner(proposer, rows, traces)

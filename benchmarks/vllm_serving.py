@@ -18,8 +18,8 @@ speculation's ("exact").
 How a logit row knows its request and position: the model runner calls compute_logits with
 `logits_indices` (the token index of each logit row) in its frame; the runner's
 query_start_loc, positions, input_batch.req_ids and requests map a token index to its
-request's prompt and position (vLLM 0.32 internals; tests/test_vllm.py checks that the forced
-model still writes the traces). A model and not a logits processor: vLLM 0.32 and 0.33 refuse
+request's prompt and position (vLLM 0.32 internals; tests/integrations/vllm/test_vllm_engine.py checks that
+the forced model still writes the traces). A model and not a logits processor: vLLM 0.32 and 0.33 refuse
 custom logits processors whenever speculative decoding is on, and logit_bias does not reach
 drafted positions.
 

@@ -145,6 +145,12 @@ class DraftStats:
     source_counts: np.ndarray = field(default_factory=lambda: np.zeros((2, len(SOURCES)), dtype=np.int64))  # (drafted, kept) x source
     written: tuple = field(default_factory=lambda: (array("q"), bytearray(), array("l")))  # per token written: id, source, step
     rows: int = 1  # rows whose steps these are (a batch's call: every row's, row after row)
+    # (sum(drafted_per_step), sum(accepted_per_step)), kept by record, record_accepted and add (the lists' only
+    # writers): drafted, accepted, tokens and tau in O(1) a call, not O(steps)
+    _totals: array = field(default_factory=lambda: array("q", [0, 0]), init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self._totals[0], self._totals[1] = sum(self.drafted_per_step), sum(self.accepted_per_step)
 
     @property
     def steps(self) -> int:
@@ -152,11 +158,11 @@ class DraftStats:
 
     @property
     def drafted(self) -> int:
-        return sum(self.drafted_per_step)
+        return self._totals[0]
 
     @property
     def accepted(self) -> int:
-        return sum(self.accepted_per_step)
+        return self._totals[1]
 
     @property
     def tokens(self) -> int:
@@ -206,6 +212,7 @@ class DraftStats:
         """
         self.drafted_per_step.append(drafted)
         self.accepted_per_step.append(0)
+        self._totals[0] += drafted
         self.no_draft_per_step.append(DRAFTED if drafted else no_draft)
         if sources is not None and len(sources) == drafted:
             self.source_counts[0] += np.bincount(sources, minlength=len(SOURCES))
@@ -223,6 +230,7 @@ class DraftStats:
         drafted = self.drafted_per_step[-1]
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
+        self._totals[1] += accepted - self.accepted_per_step[-1]
         self.accepted_per_step[-1] = accepted
         if sources is not None and len(sources) == accepted:
             self.source_counts[1] += np.bincount(sources, minlength=len(SOURCES))
@@ -243,6 +251,8 @@ class DraftStats:
         offset = self.steps
         self.drafted_per_step.extend(other.drafted_per_step)
         self.accepted_per_step.extend(other.accepted_per_step)
+        self._totals[0] += other._totals[0]
+        self._totals[1] += other._totals[1]
         self.no_draft_per_step.extend(other.no_draft_per_step)
         self.source_counts[:] += other.source_counts
         ids, codes, steps = self.written

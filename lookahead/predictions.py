@@ -172,6 +172,8 @@ class LeadChances:
 
     PRIOR_WEIGHT = 2.0
     PRIOR = 0.5
+    # old counts' weight at each observation, which adds one count (a step's first token): 1 / (1 - FADE) = 20 observations'
+    # memory. Not the keep rate's (engine.kernels.FADE: 10 updates of up to K + 1 counts each): another count per update.
     FADE = 0.95
 
     def __init__(self, max_ngram: int):

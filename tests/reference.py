@@ -1,4 +1,20 @@
-"""Brute-force references the fast code is tested against."""
+"""References the fast code is tested against: brute force, plain Python, or the per-request classes that the
+batched kernels follow."""
+
+import itertools
+import math
+
+import numpy as np
+
+from lookahead.drafter import LookupDrafter
+from lookahead.engine import kernels
+from lookahead.index.kernels import MAX_NGRAM
+from lookahead.integrations.vllm.proposer import LEARN_EVERY
+from lookahead.request import Request
+from lookahead.sizing.cost import LineCost
+from lookahead.sizing.load import worth_sending
+from lookahead.sizing.rules import MAX_CHANCE, MIN_GAIN, batch_draft_sizes
+from lookahead.store import TokenStore
 
 
 def longest_match(tokens, min_ngram, max_ngram):
@@ -105,6 +121,53 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
     return candidates
 
 
+def likeliest_reference(expected: dict, keep_chance: float) -> dict:
+    """{path: estimate} of every node: its parent's estimate times keep_chance for the heaviest of its siblings, the
+    others in proportion to their weight, the siblings together at most 1."""
+    chance = {(): 1.0}
+    for path in sorted(expected, key=len):
+        siblings = [w for p, w in expected.items() if len(p) == len(path) and p[:-1] == path[:-1]]
+        total, heaviest = sum(siblings), max(siblings)
+        chance[path] = chance[path[:-1]] * expected[path] / total * min(1.0, keep_chance * total / heaviest)
+    del chance[()]
+    return chance
+
+
+def reference_record(rows: dict, inputs, predicted, k):
+    """{input id: its k predicted ids}, the last input of an id winning."""
+    for t, ids in zip(inputs, predicted):
+        rows[t] = list(ids[:k])
+    return rows
+
+
+def reference_ranks(rows: dict, tokens, start, k):
+    counts = [0] * (k + 1)
+    for i in range(max(start, 1), len(tokens)):
+        row = rows.get(tokens[i - 1])
+        if row is None:
+            continue
+        counts[row.index(tokens[i]) if tokens[i] in row else k] += 1
+    return counts
+
+
+def reference_expansion(rows: dict, root, chances, budget, max_depth, eos, vocab_limit):
+    """Probabilities of the `budget` likeliest table paths from root (at most max_depth tokens, none through an
+    eos id or an id >= vocab_limit), likeliest first: {path: probability}."""
+    paths = {}
+
+    def visit(token, path, p):
+        if len(path) == max_depth:
+            return
+        for r, t in enumerate(rows.get(token, [])):
+            if t < 0 or chances[r] <= 0 or t in eos or t >= vocab_limit:
+                continue
+            paths[path + (t,)] = p * chances[r]
+            visit(t, path + (t,), p * chances[r])
+
+    visit(root, (), 1.0)
+    return paths
+
+
 class KeepRate:
     """The per-token keep chance of one request's drafts, per anchor match length: a plain-Python mirror of
     lookahead.engine.kernels' keep rate (learn_row, settle_row, keep_chance), what they are tested against.
@@ -176,3 +239,120 @@ class KeepRate:
             if not failed and agree < len(ids):
                 still.append(watched)
         self.watched = still
+
+
+class ReferenceProposer:
+    """The proposer's rules row by row with the core's classes (a Request per request: LookupDrafter and its
+    keep rate, itself tested against a plain-Python mirror in tests/test_request.py; one TokenStore as memory;
+    batch_draft_sizes; worth_sending under the cost's h and d):
+    what kernels.advance, batch_sizes and commit must reproduce for all rows at once."""
+
+    def __init__(self, k, max_model_len, cost, eos_token_id):  # cost: fixed_cost_tokens (h), draft_cost_tokens (d)
+        self.k, self.max_model_len, self.cost, self.eos = k, max_model_len, cost, eos_token_id
+        self.memory = TokenStore()
+        self.requests, self.sent, self.steps = {}, {}, 0
+        self.last_chance = {}  # request key -> its last chain's first token's chance, in parts of kernels.CHANCE_SCALE
+
+    def step(self, rows, sampled):
+        for key in [k for k in self.requests if k not in {r for r, _, _ in rows}]:
+            self.memory_later.append(self.requests.pop(key).drafter.index.tokens.copy())
+            self.last_chance.pop(key, None)
+        chains, keys = [], []
+        for (key, prompt, output), written in zip(rows, sampled):
+            request = self.requests.get(key)
+            if request is None:
+                request = self.requests[key] = Request(LookupDrafter(num_draft_tokens=self.k, memory=self.memory,
+                                                                     eos_token_id=self.eos, cost_aware=False), sized=True)
+                request.start(prompt)
+            n = len(prompt) + len(output)
+            if request.last is not None:
+                sent = self.sent.get(key, [])
+                if n == request.position + len(written) and written:
+                    request.verified(written, checked=len(sent))
+                else:
+                    request.discard()
+            if n > len(request.drafter.index):
+                request.extend((list(prompt) + list(output))[len(request.drafter.index):n])
+            room = min(self.k, self.max_model_len - n)
+            keys.append((key, request, room if written else 0))
+        decode = [(key, request, room) for key, request, room in keys if room > 0]
+        h, d, n_decode = self.cost.fixed_cost_tokens, self.cost.draft_cost_tokens, len(decode)
+        line = LineCost(h + d)  # once a draft is sent, D is paid: the sizer's fixed part
+
+        def worth(chances):  # the sizes the sizer takes, or none where they would not gain load.MIN_GAIN
+            sizes = batch_draft_sizes(chances, cost=line)
+            expected = sum(min(p, MAX_CHANCE) for row, size in zip(chances, sizes) for p in row[:size])
+            return sizes if worth_sending(n_decode, expected, sum(sizes), h, d) else [0] * len(sizes)
+
+        def chances_of(request, chain):  # its tokens' chances: the anchor's continuations in the request and memory
+            counts, ends, grams = np.zeros(len(chain) + 1, dtype=np.int64), np.zeros(MAX_NGRAM + 1, dtype=np.int64), request.drafter.max_ngram
+            index = request.drafter.index.buffers()
+            m, path = min(max(chain.match_len, 1), grams), chain.token_ids.astype(np.int64)
+            kernels.count_continuations(index, index[0][: index[3]], m, path, len(chain), kernels.REACH, ends, counts)
+            with self.memory.reading() as memory:
+                kernels.count_continuations(memory, index[0][max(0, index[3] - grams) : index[3]], m, path, len(chain),
+                                            kernels.REACH, ends, counts)
+            out = np.zeros(len(chain))
+            kernels.token_chances(counts, len(chain), request.keep_chance(chain), chain.match_len, out)
+            return out.tolist()
+
+        bar = n_decode / (h + d + n_decode)  # a row whose last chain's first token was below bar / GATE: not drafted
+        drafting = [(key, request, room) for key, request, room in decode if self.steps % LEARN_EVERY == 0 or (
+            bar < MAX_CHANCE and kernels.GATE * self.last_chance.get(key, kernels.CHANCE_SCALE) > bar * kernels.CHANCE_SCALE)]
+        out = {}
+        if drafting:
+            chains = {key: (request, request.propose(room)) for key, request, room in drafting}
+            chances = {key: chances_of(request, chain) for key, (request, chain) in chains.items() if len(chain)}
+            self.last_chance.update({key: int(row[0] * kernels.CHANCE_SCALE) for key, row in chances.items()})
+            sizes = worth([chances.get(key, []) for key, _, _ in decode])
+            for (key, _, _), size in zip(decode, sizes):
+                if key in chains:
+                    request, chain = chains[key]
+                    if len(chain):
+                        request.commit(chain, size)
+                    out[key] = chain.token_ids[:size].tolist()
+        self.sent = {key: ids for key, ids in out.items() if ids}
+        self.steps += 1
+        for tokens in self.memory_later:
+            self.memory.add(tokens)
+        self.memory_later = []
+        return [out.get(key, []) for key, _, _ in rows]
+
+    memory_later: list = []
+
+
+def greedy_batch_sizes(chances, fixed_cost_tokens, trust=1.0):
+    """batch_draft_sizes' rule written plainly: every drafted token, likeliest first (ties: row, then
+    place), taken while its chance (times `trust`) clears G / (fixed_cost_tokens + T)."""
+    tokens = sorted((-trust * min(p, MAX_CHANCE), r, j) for r, row in enumerate(chances) for j, p in enumerate(row))
+    sizes, expected, verified = [0] * len(chances), float(len(chances)), float(len(chances))
+    for gain, r, _ in tokens:
+        if -gain <= expected / (fixed_cost_tokens + verified):
+            break
+        sizes[r], expected, verified = sizes[r] + 1, expected - gain, verified + 1
+    return sizes
+
+
+def kept_distribution(a: float, m: int) -> list[float]:
+    """P(a row keeps k of m verified drafted tokens), k = 0..m: each kept with chance a after the ones before."""
+    return [a**k * (1 - a) for k in range(m)] + [a**m]
+
+
+def brute_static_sizes(chances, lengths, remaining, rates, h):
+    """Every block width tried, the rows behind's least gain by enumerating their joint outcomes."""
+    steps = [r / e for r, e in zip(remaining, rates)]
+    behind = [i for i, n in enumerate(steps) if n >= max(steps) - 1]
+    best, best_worth = 0, -1.0
+    for drafted in range(max(lengths) + 1):
+        depth = [min(n, drafted) for n in lengths]
+        expected = sum(sum(k * p for k, p in enumerate(kept_distribution(a, m))) + 1 for a, m in zip(chances, depth))
+        least = 0.0
+        for outcome in itertools.product(*(range(depth[i] + 1) for i in behind)):
+            chance = math.prod(kept_distribution(chances[i], depth[i])[k] for i, k in zip(behind, outcome))
+            least += chance * min(outcome)
+        worth = (h * (1 + least) + expected) / (h + len(chances) * (drafted + 1))
+        if drafted == 0 and len(chances) == 1:
+            worth *= 1 + MIN_GAIN  # one row: chain_size's rule, a draft beats a plain step by MIN_GAIN
+        if worth > best_worth + 1e-12:
+            best, best_worth = drafted, worth
+    return [min(n, best) for n in lengths]

@@ -10,6 +10,7 @@ Every relative link and #anchor of those pages resolves.
 """
 
 import glob
+import importlib.util
 import re
 import shlex
 import subprocess
@@ -91,6 +92,8 @@ def test_the_docs_show_lookahead_replay():
 def test_replay_command_runs_on_two_requests(where, argv, monkeypatch, capsys):
     if not (SHARED / "traces").is_dir():
         pytest.skip(f"{where} replays {SHARED / 'traces'} (../shared is not laid out beside the project)")
+    if "suffix" in argv and importlib.util.find_spec("arctic_inference") is None:
+        pytest.skip(f"{where}: --drafter suffix needs arctic-inference, not installed here (.ci/vllm runs it)")
     monkeypatch.chdir(ROOT)
     expanded = []
     for word in argv:

@@ -155,7 +155,7 @@ def private_names_across_modules(path: Path) -> list[str]:
 
 
 def test_no_private_name_crosses_a_module_boundary_tests_included():
-    files = list(PACKAGE.rglob("*.py")) + list(TESTS.glob("*.py"))
+    files = list(PACKAGE.rglob("*.py")) + list(TESTS.rglob("*.py"))
     found = {str(f.relative_to(PACKAGE.parent)): names for f in files if (names := private_names_across_modules(f))}
     assert not found, found
 

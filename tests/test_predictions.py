@@ -9,7 +9,9 @@ from lookahead import LookupDrafter, PredictionTable
 from lookahead import predictions as predictions_module
 from lookahead import trie as trie_module
 from lookahead.drafter import CARRY
+from lookahead.predictions import TreeChances
 from lookahead.trie import DraftTrie
+from tests.reference import reference_expansion, reference_ranks, reference_record
 from tests.test_trie import node_weights
 
 
@@ -18,13 +20,6 @@ def test_warm_up_compiles_every_kernel():
     assert trie_module.warm_up() == 4
     for kernel in (predictions_module.record_rows, predictions_module.rank_counts, trie_module.add_predictions):
         assert kernel.signatures, f"{kernel.__name__} was not compiled"
-
-
-def reference_record(rows: dict, inputs, predicted, k):
-    """{input id: its k predicted ids}, the last input of an id winning."""
-    for t, ids in zip(inputs, predicted):
-        rows[t] = list(ids[:k])
-    return rows
 
 
 @settings(max_examples=200, deadline=None)
@@ -57,16 +52,6 @@ def test_record_refuses_a_shape_that_does_not_match():
         PredictionTable(k=0)
 
 
-def reference_ranks(rows: dict, tokens, start, k):
-    counts = [0] * (k + 1)
-    for i in range(max(start, 1), len(tokens)):
-        row = rows.get(tokens[i - 1])
-        if row is None:
-            continue
-        counts[row.index(tokens[i]) if tokens[i] in row else k] += 1
-    return counts
-
-
 @settings(max_examples=200, deadline=None)
 @given(rows=st.dictionaries(st.integers(0, 5), st.permutations(range(6)).map(lambda p: list(p[:2])), max_size=6),
        tokens=st.lists(st.integers(0, 5), max_size=20), start=st.integers(0, 20))
@@ -78,24 +63,6 @@ def test_rank_counts_equal_the_reference(rows, tokens, start):
     counts = np.zeros(3, dtype=np.int64)
     predictions_module.rank_counts(table.ids, np.array(tokens, dtype=np.int32), start, counts)
     assert counts.tolist() == reference_ranks(rows, tokens, start, 2)
-
-
-def reference_expansion(rows: dict, root, chances, budget, max_depth, eos, vocab_limit):
-    """Probabilities of the `budget` likeliest table paths from root (at most max_depth tokens, none through an
-    eos id or an id >= vocab_limit), likeliest first: {path: probability}."""
-    paths = {}
-
-    def visit(token, path, p):
-        if len(path) == max_depth:
-            return
-        for r, t in enumerate(rows.get(token, [])):
-            if t < 0 or chances[r] <= 0 or t in eos or t >= vocab_limit:
-                continue
-            paths[path + (t,)] = p * chances[r]
-            visit(t, path + (t,), p * chances[r])
-
-    visit(root, (), 1.0)
-    return paths
 
 
 @settings(max_examples=300, deadline=None)
@@ -307,3 +274,23 @@ def test_top_ids_reads_one_rows_range_as_it_reads_the_list():
     by_range, by_list = top_ids(logits, [range(2, 7)], 4), top_ids(logits, [list(range(2, 7))], 4)
     assert len(by_range) == 1 and by_range[0].shape == (5, 4) and np.array_equal(by_range[0], by_list[0])
     assert np.array_equal(by_list[0][:, 0], logits[0, 2:7].argmax(dim=-1).numpy())
+
+
+def test_tree_chances_learn_what_each_band_of_estimates_keeps_per_source():
+    chances = TreeChances()
+
+    def corrected(estimates, table):
+        _, bands, errors = chances.correction(0)
+        return np.clip(estimates + errors[np.asarray(table, dtype=np.int64), np.searchsorted(bands, estimates, side="right")], 0, 1)
+
+    estimates = np.array([0.002, 0.05, 0.5])
+    prior = TreeChances.PRIOR_ERROR
+    assert corrected(estimates, [0, 0, 1]).tolist() == pytest.approx([0.002 + prior[0], 0.05 + prior[2], 0.5 + prior[-1]])  # the prior's guess
+    for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated; the table's likely one never
+        chances.observe(np.array([0.002] * 20 + [0.5, 0.5]), np.array([False] * 21 + [True]),
+                        np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1), False]))
+    assert corrected(estimates, [0, 0, 0]).tolist() == pytest.approx([0.05, 0.05 + prior[2], 0.25], abs=0.02)
+    shrunk = (0.5 + prior[-1]) * TreeChances.PRIOR_NODES / (1000 + TreeChances.PRIOR_NODES)  # the table's: never kept, the prior's pull left
+    assert corrected(np.array([0.002, 0.5]), [1, 1]).tolist() == pytest.approx([0.002 + prior[0], shrunk])
+    assert corrected(np.array([0.001, 0.99]), [0, 1]).min() >= 0.0 and corrected(np.array([0.99]), [0]).max() <= 1.0
+    assert chances.correction(7)[0] == 7

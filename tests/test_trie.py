@@ -7,6 +7,7 @@ from lookahead import TokenIndex
 from lookahead import trie as trie_module
 from lookahead.trie import DraftTrie
 from tests import reference
+from tests.reference import likeliest_reference
 
 
 def test_warm_up_compiles_every_kernel():
@@ -60,18 +61,6 @@ def test_trie_weights_tree_and_path_equal_brute_force(candidates, depth, eos, ma
         siblings = [p for p in expected if len(p) == i + 1 and p[:i] == path[:i]]
         assert expected[path[: i + 1]] == max(expected[p] for p in siblings)
     assert not [p for p in expected if len(p) == len(path) + 1 and p[:-1] == path]  # it ends at a leaf
-
-
-def likeliest_reference(expected: dict, keep_chance: float) -> dict:
-    """{path: estimate} of every node: its parent's estimate times keep_chance for the heaviest of its siblings, the
-    others in proportion to their weight, the siblings together at most 1."""
-    chance = {(): 1.0}
-    for path in sorted(expected, key=len):
-        siblings = [w for p, w in expected.items() if len(p) == len(path) and p[:-1] == path[:-1]]
-        total, heaviest = sum(siblings), max(siblings)
-        chance[path] = chance[path[:-1]] * expected[path] / total * min(1.0, keep_chance * total / heaviest)
-    del chance[()]
-    return chance
 
 
 def created(trie: DraftTrie) -> dict:

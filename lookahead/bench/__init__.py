@@ -2,6 +2,7 @@
 
 - `cli`: the `lookahead` entry point (`replay`, `bench`);
 - `replay`: model-free τ of a drafter on recorded greedy outputs (traces);
+- `suffix`: vLLM's `suffix` drafter (arctic-inference's SuffixDecodingCache) called as vLLM calls it, and its replay;
 - `e2e`: wall-clock generate() runs, side by side, outputs compared;
 - `batched`: `bench --batch`, one left-padded batch per size;
 - `loop_overhead`: `bench --loop-overhead`, seconds outside the forward per verify step;

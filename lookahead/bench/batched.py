@@ -15,6 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 import lookahead
 from lookahead import LookupDrafter
+from lookahead.bench.e2e import PLD, methods
 from lookahead.bench.replay import TRACE_VOCAB_SIZE
 from lookahead.bench.tables import format_table, json_report
 from lookahead.bench.timing import Timing, timed_generate
@@ -136,8 +137,7 @@ def bench_batches(model, tasks: list[Task], sizes: list[int], *, repeats: int = 
     return rows
 
 
-METHODS = ("plain batched greedy", "lookahead.generate")
-PLD = "hf prompt lookup k=16"  # at batch 1 only: transformers' assisted loops take one row
+METHODS = ("plain batched greedy", "lookahead.generate")  # and PLD at batch 1 only: transformers' assisted loops take one row
 
 
 def methods_at(size: int) -> tuple[str, ...]:
@@ -162,7 +162,7 @@ def _run(model, tasks: list[Task], method: str) -> tuple[list[list[int]], Timing
     if method == "lookahead.generate":
         kwargs |= dict(custom_generate=lookahead.generate, assistant=LookupDrafter())  # a fresh drafter per batch
     elif method == PLD:
-        kwargs |= dict(prompt_lookup_num_tokens=16, max_matching_ngram_size=3)
+        kwargs |= dict(methods())[PLD]()
     if len(tasks) == 1:
         with force_reference(model, len(tasks[0].prompt), tasks[0].reference):
             out, timing = timed_generate(model, ids, forced_options(kwargs))

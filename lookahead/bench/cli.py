@@ -17,6 +17,7 @@ from lookahead.bench.replay import (
 )
 from lookahead.bench.show import add_arguments as add_show_arguments
 from lookahead.bench.show import run as run_show
+from lookahead.bench.suffix import MAX_SPEC_FACTOR, MAX_TREE_DEPTH, SuffixUnavailableError, cache_class, replay_suffix
 from lookahead.bench.tables import format_table
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without --max-new-tokens
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ValueError as e:  # bad input: one clear line, no traceback
+    except (ValueError, SuffixUnavailableError) as e:  # bad input, or arctic-inference absent: one clear line, no traceback
         print(f"lookahead {args.command}: error: {e}", file=sys.stderr)
         return 2
 
@@ -83,15 +84,18 @@ def add_replay_parser(commands) -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  lookahead replay outputs.jsonl                                     # ours, with memory of earlier requests\n"
                "  lookahead replay outputs.jsonl --tree --limit 20                   # draft trees, on the first 20 requests\n"
-               "  lookahead replay outputs.jsonl --drafter hf --num-draft-tokens 16  # transformers' prompt lookup")
+               "  lookahead replay outputs.jsonl --drafter hf --num-draft-tokens 16  # transformers' prompt lookup\n"
+               "  lookahead replay outputs.jsonl --drafter suffix                    # vLLM's suffix (arctic-inference)")
     replay.set_defaults(run=run_replay)
     replay.add_argument("files", nargs="+", type=Path, help=f"trace files, JSON lines ({TRACE_DOC})")
-    replay.add_argument("--drafter", choices=["lookahead", "hf"], default="lookahead",
-                        help="lookahead: ours (LookupDrafter); hf: transformers' prompt lookup, called as is (default: lookahead)")
-    replay.add_argument("--num-draft-tokens", metavar="N", type=int, default=None, help="most tokens per draft (default: the drafter's, 64; hf: 16)")
+    replay.add_argument("--drafter", choices=["lookahead", "hf", "suffix"], default="lookahead",
+                        help="lookahead: ours (LookupDrafter); hf: transformers' prompt lookup, called as is; suffix: vLLM's "
+                             "SuffixDecoding, arctic-inference called as vLLM 0.32 calls it, its defaults (default: lookahead)")
+    replay.add_argument("--num-draft-tokens", metavar="N", type=int, default=None,
+                        help=f"most tokens per draft (default: the drafter's, 64; hf: 16; suffix: vLLM's, {MAX_TREE_DEPTH})")
     replay.add_argument("--min-ngram", metavar="N", type=int, default=None, help="shortest anchoring suffix (default: the drafter's)")
     replay.add_argument("--max-ngram", metavar="N", type=int, default=None, help="longest suffix tried (default: the drafter's)")
-    replay.add_argument("--draft-factor", metavar="FACTOR", type=float, default=None, help="draft at most factor x match_len tokens (default: the drafter's)")
+    replay.add_argument("--draft-factor", metavar="FACTOR", type=float, default=None, help=f"draft at most factor x match_len tokens (default: the drafter's; suffix: vLLM's, {MAX_SPEC_FACTOR:g})")
     replay.add_argument("--no-memory", action="store_true", help="no cross-request memory (default: earlier requests of the file)")
     replay.add_argument("--fresh", action="store_true",
                         help="a fresh drafter per request: neither memory nor prediction table kept (default: one drafter for a file)")
@@ -102,7 +106,7 @@ def add_replay_parser(commands) -> argparse.ArgumentParser:
     replay.add_argument("--max-tree-nodes", metavar="N", type=int, default=64, help="tree size limit with --tree (default: 64)")
     replay.add_argument("--hf-ngram", metavar="N", type=int, default=3, help="with --drafter hf: transformers' max_matching_ngram_size (default: 3)")
     replay.add_argument("--costs", metavar="COSTS", default=None, help="size our drafts as our engine does under this verify-cost curve "
-                        "(transformers' are not sized) and report the modelled speedup: 'flat' or costs at blocks of 1,2,4,8,16,32,64 tokens, e.g. "
+                        "(transformers' and suffix's are not sized) and report the modelled speedup: 'flat' or costs at blocks of 1,2,4,8,16,32,64 tokens, e.g. "
                         "'1,1.13,1.44,1.75,2.34,2.72,3.49'")
     replay.add_argument("--limit", metavar="N", type=int, default=None, help="replay the first N requests of each file")
     replay.add_argument("--json", action="store_true", help="print one JSON object and nothing else on stdout")
@@ -287,6 +291,14 @@ def run_replay(args) -> int:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     if args.drafter == "hf" and (args.source is not None or args.fresh):
         raise ValueError("--source and --fresh are options of --drafter lookahead")
+    if args.drafter == "suffix":
+        theirs = [flag for flag, given in (("--source", args.source is not None), ("--fresh", args.fresh), ("--tree", args.tree),
+                                           ("--min-ngram", args.min_ngram is not None), ("--max-ngram", args.max_ngram is not None))
+                  if given]
+        if theirs:
+            raise ValueError(f"{', '.join(theirs)}: not options of --drafter suffix (it takes --num-draft-tokens, --draft-factor, "
+                             "--no-memory, --costs)")
+        cache_class()  # arctic-inference imports, or one line that says how to install it, before any file is read
     source = args.source or "blend"
     costs = parse_costs(args.costs) if args.costs is not None else None
     results = []
@@ -308,6 +320,12 @@ def run_replay(args) -> int:
             if args.fresh:
                 drafter = functools.partial(drafter_for, source, **options)
             counts = replay_lookahead(requests, drafter, tree=args.tree, max_tree_nodes=args.max_tree_nodes, costs=costs, progress=name)
+        elif args.drafter == "suffix":
+            num_draft_tokens = args.num_draft_tokens or MAX_TREE_DEPTH
+            factor = MAX_SPEC_FACTOR if args.draft_factor is None else args.draft_factor
+            label = f"vllm suffix k={num_draft_tokens} depth={MAX_TREE_DEPTH} factor={factor:g}" + " no-memory" * args.no_memory
+            counts = replay_suffix(requests, num_draft_tokens=num_draft_tokens, max_spec_factor=factor, memory=not args.no_memory,
+                                   costs=costs, progress=name)
         else:
             num_draft_tokens = args.num_draft_tokens or 16
             label = f"hf k={num_draft_tokens} ngram={args.hf_ngram}"

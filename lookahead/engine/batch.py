@@ -32,7 +32,7 @@ from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
 from lookahead.index import TokenIndex, as_id_set
 from lookahead.index.kernels import MAX_NGRAM
-from lookahead.index.token_index import GROWTH, MAX_LOAD, MIN_SLOTS, MIN_TOKENS
+from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 from lookahead.policy import CHAIN_WALK
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT
@@ -76,7 +76,7 @@ class Batch:
         self._work = (trie, np.zeros(MAX_NGRAM + 1, dtype=np.int64), np.zeros(3, dtype=np.int64))  # advance's scratch
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
         self._options = (min_ngram, max_ngram, float(draft_factor), memory is not None)
-        self._limits = (num_draft_tokens, max_model_len, max_ngram - min_ngram + 1, MAX_LOAD, GROWTH)  # room_and_growth's
+        self._limits = (num_draft_tokens, max_model_len, max_ngram - min_ngram + 1)  # room_and_growth's
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
         self.requests: dict = {}  # the caller's request key -> its slot, in arrival order

@@ -23,7 +23,7 @@ grows every array below; the kernels only read and write them, never resize:
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
 drafted as `LookupDrafter.propose` drafts it, through the same index and trie kernels);
 sizing.rules.batch_sizes then cuts the chains to the load rule and `commit` records the plans.
-tests/test_vllm.py checks both against the Python classes they follow.
+tests/engine/test_batch.py checks both against the Python classes they follow.
 """
 
 import math
@@ -33,7 +33,7 @@ from numba import njit
 from lookahead.policy import CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
 from lookahead.index import SEPARATOR
-from lookahead.index.kernels import EMPTY, index_ends, match_ends
+from lookahead.index.kernels import EMPTY, grown_table, grown_tokens, index_ends, match_ends
 from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
 
@@ -59,7 +59,7 @@ GATE = 2  # a row whose last chain's first token's chance was below 1 / GATE of 
 # rarely leans on the rate over all lengths (PRIOR_WEIGHT pseudo-counts of it), so a request's first steps, each
 # anchored on a longer match than the last, learn from one another.
 PRIOR_WEIGHT = 2.0
-FADE = 0.9  # old counts' weight at each update
+FADE = 0.9  # old counts' weight at each update (up to K + 1 counts: a step's kept tokens and failure): 10 updates' memory
 MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this
 
 # Each chain token's keep chance (token_chances): how often the anchor's earlier occurrences went on with the
@@ -418,12 +418,12 @@ def room_and_growth(rows, cols, at, limits, new_tokens, new_table):
     discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before `advance`
     writes it (0: big enough), which Slots.reserve allocates. Returns (decode rows, rows whose slot must grow).
 
-    limits = (k, max_model_len, grams, max_load, growth). The growth rule (TokenIndex's): the tokens grow
-    by `growth` or to n + 1, whichever is more; a drafting row's table holds used + (tokens not yet
-    indexed) * grams slots at most, kept at most `max_load` full by growing by `growth`.
+    limits = (k, max_model_len, grams). The growth rule is TokenIndex's (index.kernels.grown_tokens, grown_table):
+    the tokens grow for n + 1 once n outgrows them; a drafting row's table for used + (tokens not yet indexed) * grams
+    slots, what indexing them adds at most.
     """
     rows_slot, num_tokens, num_sampled, _, _, room, _ = rows
-    k, max_model_len, grams, max_load, growth = limits
+    k, max_model_len, grams = limits
     decode = 0
     grows = 0
     for r in range(rows_slot.shape[0]):
@@ -433,15 +433,12 @@ def room_and_growth(rows, cols, at, limits, new_tokens, new_table):
         new_tokens[r] = 0
         new_table[r] = 0
         if n > at[s, TOKEN_CAP]:
-            new_tokens[r] = max(int(at[s, TOKEN_CAP] * growth), n + 1)
+            new_tokens[r] = grown_tokens(at[s, TOKEN_CAP], n + 1)
         if room[r] > 0:
             decode += 1
-            need = cols[s, USED] + max(n - cols[s, INDEXED], 0) * grams
-            if need > max_load * at[s, TABLE_CAP]:
-                capacity = at[s, TABLE_CAP]
-                while need > max_load * capacity:
-                    capacity = int(capacity * growth)
-                new_table[r] = capacity
+            table = grown_table(at[s, TABLE_CAP], cols[s, USED] + max(n - cols[s, INDEXED], 0) * grams)
+            if table > at[s, TABLE_CAP]:
+                new_table[r] = table
         if new_tokens[r] or new_table[r]:
             grows += 1
     return decode, grows

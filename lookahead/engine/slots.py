@@ -10,7 +10,8 @@ import numpy as np
 from lookahead.engine import kernels
 from lookahead.engine.arena import IndexArena
 from lookahead.engine.kernels import CHANCE_SCALE, COPIED, DOC, FIRST_TOKEN, LAST_CHANCE, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
-from lookahead.index.token_index import GROWTH, MAX_LOAD, MIN_SLOTS, MIN_TOKENS  # a slot's index grows as a TokenIndex does
+from lookahead.index.kernels import grown_table  # a slot's index grows as a TokenIndex does
+from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 
 HEADROOM = 2.0  # a new slot's regions hold this many times its row's tokens (its prompt): room for an output as long
 
@@ -91,9 +92,7 @@ class Slots:
         self.watch[s, 0, 0] = 0
         if self.index is not None:
             planned = int(HEADROOM * tokens)
-            table, grams = self.min_table, self.max_ngram - self.min_ngram + 1
-            while planned * grams > MAX_LOAD * table:  # room_and_growth's rule, taken at once
-                table = int(table * GROWTH)
+            table = grown_table(self.min_table, planned * (self.max_ngram - self.min_ngram + 1))  # at once, not step by step
             self.index.allocate(s, max(self.min_tokens, planned + 1), table)
         return s
 

@@ -28,6 +28,8 @@ EMPTY = -1
 NGRAM_BITS = 4  # the ngram length (1..16) lives in the low 4 bits of a slot
 MAX_NGRAM = 1 << NGRAM_BITS
 MAX_POSITIONS = 1 << (31 - NGRAM_BITS)  # 134M tokens: end_pos must fit in the remaining bits
+GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under TokenIndex's documented bound
+MAX_LOAD = 0.82  # table slots used / slots, at most (past it, the table grows)
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -80,6 +82,30 @@ def _insert(tokens, table, end, ngram, h):
         slot += 1
         if slot == cap:
             slot = 0
+
+
+@njit(cache=True)
+def grown_tokens(capacity, needed):
+    """The capacity a token region of `capacity` grows to to hold `needed` tokens: GROWTH times it, or `needed` where
+    that is more; `capacity` where it holds them already. Each token is copied O(1) times, amortized.
+
+    The rule of every token index's tokens (TokenIndex's, and the engine's slots': engine.kernels.room_and_growth).
+    """
+    if needed <= capacity:
+        return capacity
+    return max(int(capacity * GROWTH), needed)
+
+
+@njit(cache=True)
+def grown_table(capacity, needed):
+    """The capacity a table of `capacity` slots grows to for `needed` slots used: times GROWTH until they fill it at
+    most MAX_LOAD; `capacity` where they do already. Each slot is rehashed O(1) times, amortized.
+
+    The rule of every token index's table (TokenIndex's, and the engine's slots': engine.kernels.room_and_growth).
+    """
+    while needed > MAX_LOAD * capacity:
+        capacity = max(int(capacity * GROWTH), capacity + 1)  # (+ 1: from 0 or 1, where GROWTH alone stays put)
+    return capacity
 
 
 @njit(cache=True)
@@ -195,4 +221,6 @@ def warm_up() -> int:
     ends = np.zeros(5, dtype=np.int64)
     first_invalid(ends, 1)
     first_invalid(tokens.astype(np.int64), 1)
+    grown_tokens(n, n + 1)
+    grown_table(table.shape[0], n)
     return match_ends((tokens, prev, bigger, n, 1, 4), tokens, n, ends)

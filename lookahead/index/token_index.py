@@ -8,8 +8,6 @@ from lookahead.index import kernels
 
 DEFAULT_MIN_NGRAM = 1  # a single token may anchor a draft
 DEFAULT_MAX_NGRAM = 8  # the longest suffix tried (longer ones add under 0.3% tau: notes/design-provenance.md)
-GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under the documented bound
-MAX_LOAD = 0.82  # slots used / slots, before the table grows
 MIN_SLOTS = 1024  # a new index's table slots
 MIN_TOKENS = 256  # and tokens
 _CHUNK = 4096  # end positions indexed per kernel call on a long extend
@@ -130,7 +128,7 @@ class TokenIndex:
         if self._n + count > kernels.MAX_POSITIONS:
             raise ValueError(f"TokenIndex holds at most {kernels.MAX_POSITIONS} tokens, got {self._n + count}")
         if self._n + count > self._tokens.shape[0]:
-            capacity = max(int(self._tokens.shape[0] * GROWTH), self._n + count)
+            capacity = kernels.grown_tokens(self._tokens.shape[0], self._n + count)
             grown = np.zeros(capacity, dtype=np.int32)
             grown[: self._n] = self._tokens[: self._n]
             self._tokens = grown
@@ -179,13 +177,10 @@ class TokenIndex:
         return self._tokens[end + 1 : min(end + 1 + max_tokens, self._n)].astype(np.int64)
 
     def _reserve(self, new_slots: int) -> None:
-        # Grows the table so that `new_slots` more slots keep it at most MAX_LOAD full.
-        need = self._used + new_slots
-        if need <= MAX_LOAD * self._table.shape[0]:
+        # Grows the table so that `new_slots` more slots keep it at most kernels.MAX_LOAD full.
+        capacity = kernels.grown_table(self._table.shape[0], self._used + new_slots)
+        if capacity == self._table.shape[0]:
             return
-        capacity = self._table.shape[0]
-        while need > MAX_LOAD * capacity:
-            capacity = int(capacity * GROWTH)
         table = np.full(capacity, kernels.EMPTY, dtype=np.int32)
         self._used = kernels.rehash(self._tokens, self._table, table)
         self._table = table

@@ -1,6 +1,6 @@
 """The one place that knows transformers' private shapes: frames, caches, processors, forward keywords.
 
-Frames read (each has a test in tests/test_transformers_frames.py that fails the day
+Frames read (each has a test in tests/integrations/test_hf.py that fails the day
 transformers moves it): `_validate_generation_mode` (locals self, generation_mode,
 generation_config), `AssistedCandidateGenerator.__init__` (input_ids, model_kwargs),
 `_assisted_decoding` (stopping_criteria) and `generate` (streamer, which transformers

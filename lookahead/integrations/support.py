@@ -30,7 +30,7 @@ PROBE_BRANCH = 2  # tokens per branch of the probe's two-branch tree
 # Families (config.model_type) whose forward is exact over a cache, for chains, and for trees with
 # an attention that takes a 4-D mask (MASK_ATTENTION) over plain cache layers: declared, not
 # probed. The probes cost a dozen small forward passes, a third of a short first call on a CPU
-# (docs/benchmarks.md, the first call); tests/test_families.py checks each declared family's
+# (docs/benchmarks.md, the first call); tests/integrations/test_support.py checks each declared family's
 # probes agree, and the sweep (docs/families.md) finds every one exact on every path.
 DECLARED_EXACT = frozenset({
     "cohere", "gemma", "gemma2", "gemma3_text", "gpt2", "granite", "llama", "mistral", "mixtral", "olmo2", "phi3",

@@ -44,6 +44,7 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
+from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS  # a new slot's capacities (tests set them here, smaller, to grow)
 from lookahead.integrations.vllm.options import LOGGER, OPTION_KEY, TESTED_VLLM, read_options
 from lookahead.integrations.vllm.rows import RUNNER_SEARCH_FRAMES, find_runner
 from lookahead.integrations.vllm.stats import ProposerStats, stats_dict
@@ -54,7 +55,6 @@ from lookahead.store import TokenStore
 
 LEARN_EVERY = 8  # while no drafted token can pay, every 8th step still drafts (unsent) so that keep rates keep learning
 PRIOR_FIXED_COST_TOKENS = 64.0  # F / p before any step is measured (a guess: a GPU verifies tens of tokens for about the price of one)
-MIN_TOKENS, MIN_SLOTS = 256, 1024  # a new slot's token and table capacities (TokenIndex's; tests start smaller to grow)
 
 
 class LookupProposer:

@@ -15,7 +15,7 @@ from lookahead.bench.cli import NOT_RECORDED, RECORDED, TRACE_DOC, build_parser,
 from lookahead.bench.replay import load_trace, replay_hf, replay_lookahead, replay_recorded
 from tests.models import SHARED, tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_trace(tmp_path, rows, name="t.jsonl"):

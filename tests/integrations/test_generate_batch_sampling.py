@@ -1,6 +1,6 @@
 """Sampling in a batch draws every row's tokens from the model's own conditional distribution.
 
-As tests/test_sampling_exact.py, per row: ragged left-padded rows sampled together many
+As tests/integrations/test_sampling_exact.py, per row: ragged left-padded rows sampled together many
 times through our engine (trees, drafts from the rows' own stories and the shared memory);
 each row's tokens are judged by the randomized probability integral transform against the
 exact conditionals of a one-row forward pass over its finished sequence.
@@ -16,8 +16,8 @@ import lookahead
 from lookahead import LookupDrafter
 from tests.cases import story_prompt
 from tests.models import stories_model
-from tests.test_batch import left_padded
-from tests.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, conditional_logits, pit_values, uniformity_p_value
+from tests.integrations.test_generate_batch import left_padded
+from tests.integrations.test_sampling_exact import ALPHA, NEW_TOKENS, TEMPERATURE, conditional_logits, pit_values, uniformity_p_value
 
 RUNS = 120  # x 3 rows x 50 tokens = 18,000 sampled tokens, 6,000 per row
 SHAPES = ((60, 5), (30, 3), (45, 8))
