@@ -116,8 +116,8 @@ def test_the_sizer_trusts_a_load_as_far_as_its_drafts_kept_what_it_expected(fixe
     proposer.clock = lambda: now[0]
     handed = []  # per sizing: the trust the sizer was handed
     sizes = proposer_module.batch_sizes
-    # the branch shares held at 1: the promise is the keep rate's alone, which this text's failures belie
-    monkeypatch.setattr(proposer_module, "batch_sizes", lambda *a: handed.append(a[6]) or sizes(a[0], np.ones_like(a[1]), *a[2:]))
+    # the periodic text's continuations all agree, so the chances are high: this text's failures belie them
+    monkeypatch.setattr(proposer_module, "batch_sizes", lambda *a: handed.append(a[5]) or sizes(*a))
     period = [7, 8, 9, 10]
     prompt, output, sampled = period * 4, [7], [[7]]
     for step in range(60):
@@ -182,7 +182,7 @@ def test_load_rule_learns_that_drafting_does_not_pay_at_high_load(fixed_cost_tok
         steps(many, 40)
         steps(one, 20)
     high, low = steps(many, 40), steps(one, 10)
-    assert sum(map(bool, low)) >= 9  # one row: drafts pay
+    assert sum(map(bool, low)) >= 8  # one row: drafts pay (not a chain anchored on a replaced token: few occurrences back it)
     if fixed_cost_tokens is None:  # learnt: D makes drafting a loss at 32 rows
         assert proposer.cost.fixed_cost_tokens == pytest.approx(30, rel=0.1)
         assert proposer.cost.draft_cost_tokens == pytest.approx(25, rel=0.1)

@@ -188,6 +188,7 @@ class LookupProposer:
             self._count_step()
         if self.kept_share is not None and self._sent_promise[1] > 0.0:
             self.kept_share.observe(*self._sent_promise, self.stats.accepted_tokens - accepted)
+            trust = self.kept_share.trust(decode) if decode else 1.0  # the sizer reads what the last drafts kept
         self.stats.skipped_steps += decode > 0 and not drafting
 
         chains, sizes = batch.out_len[:num_rows], batch.sizes[:num_rows]  # (row,) each chain's length, its tokens sent
