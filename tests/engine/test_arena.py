@@ -7,6 +7,7 @@ import pytest
 
 from lookahead.engine import kernels
 from lookahead.engine.arena import TABLE_CAP, TOKEN_CAP, IndexArena
+from lookahead.engine.groups import ROWS_SLOT
 from lookahead.index import TokenIndex
 from lookahead.index.kernels import index_ends, match_ends
 
@@ -79,6 +80,8 @@ def test_a_kernel_refuses_to_write_past_a_slots_region():
     batch.advance(bar=-1.0, force=True)
     batch.slots.free(slot)
     slot = batch.start("b", np.array([1, 2, 3]), 1, 3)  # a fresh slot of 4 tokens, and the step's rows as begin left them
-    batch._step_rows = (np.array([slot]), *batch._step_rows[1:])
+    rows = list(batch._step_rows)
+    rows[ROWS_SLOT] = np.array([slot])
+    batch._step_rows = tuple(rows)
     with pytest.raises(IndexError, match="Slots.reserve"):
         batch.advance(bar=-1.0, force=True)
