@@ -36,7 +36,7 @@ from lookahead.index.kernels import MAX_NGRAM
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 from lookahead.policy import CHAIN_WALK
 from lookahead.store import TokenStore
-from lookahead.trie import NO_VOCAB_LIMIT
+from lookahead.trie import NO_VOCAB_LIMIT, trie_group
 
 INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps (where fewer wait, the hand-off costs more than it
                   # saves: notes/README.md, "a cold step's calls, and indexing between steps"); a new prompt is hundreds
@@ -72,8 +72,9 @@ class Batch:
         self._step_rows: tuple = ()  # the step's per-row group (begin)
         nodes = 1 + (CHAIN_WALK[0] + CHAIN_WALK[1] + 4) * num_draft_tokens  # add_suffix_candidates' bound, and 2 stores
         eos = np.fromiter(sorted(as_id_set(eos_token_id)), dtype=np.int64)
-        trie = (np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), np.zeros(nodes, np.float64),
-                np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT, np.zeros(nodes, np.int8))  # (node,) trie.py's layout
+        trie = trie_group(token=np.zeros(nodes, np.int64), parent=np.zeros(nodes, np.int64), weight=np.zeros(nodes, np.float64),
+                          child=np.zeros(nodes, np.int64), sibling=np.zeros(nodes, np.int64), eos=eos,
+                          vocab_limit=NO_VOCAB_LIMIT, origin=np.zeros(nodes, np.int8))  # (node,) trie.py's layout
         self._work = work_group(trie=trie, ends=np.zeros(MAX_NGRAM + 1, dtype=np.int64), scratch=np.zeros(3, dtype=np.int64))
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
         self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor),

@@ -27,7 +27,8 @@ from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TO
 from lookahead.index import SEPARATOR
 from lookahead.index.kernels import EMPTY, grown_table, grown_tokens, index_ends, match_ends
 from lookahead.sizing.rules import MAX_CHANCE
-from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
+from lookahead.trie import (TRIE_CHILD, TRIE_PARENT, TRIE_SIBLING, TRIE_TOKEN, TRIE_WEIGHT, add_longest_match,
+                            add_suffix_candidates, heaviest_path)
 
 # columns of slots' cols
 COPIED = 0  # tokens copied from the row: the slot's tokens[:COPIED]
@@ -314,7 +315,8 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
         return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
-    token, parent, weight, child, sibling, _, _, _ = trie
+    token, parent, weight = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_WEIGHT]
+    child, sibling = trie[TRIE_CHILD], trie[TRIE_SIBLING]
     doc_arena, doc_n = docs[DOCS_ARENA], docs[DOCS_N]
     for r in range(num_rows):
         s = rows_slot[r]
