@@ -36,7 +36,7 @@ from numba import njit
 
 from lookahead.draft import OUTPUT, PREDICTIONS, PROMPT
 from lookahead.index import IndexBuffers, TokenIndex, kernels
-from lookahead.index.kernels import EMPTY
+from lookahead.index.kernels import EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS
 
 _warmed_up = False
 NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
@@ -123,7 +123,7 @@ def _add_occurrences(index, query_len, first_end, trie, count, out, walking, pro
     # went on copying) it adds the tokens after that instead, with weight skip_scale *
     # match_base**m. Writes (count, longest m added, its end) to out[0:3]. `walking`: (match_base,
     # num_draft_tokens, walk, min_match, shift, scale, skip_scale).
-    tokens, prev, _, n, _, max_ngram = index
+    tokens, prev, n, max_ngram = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N], index[INDEX_MAX_NGRAM]
     match_base, num_draft_tokens, walk, min_match, shift, scale, skip_scale = walking
     best_len, best_end = 0, -1
     end = first_end
@@ -148,7 +148,7 @@ def _add_occurrences(index, query_len, first_end, trie, count, out, walking, pro
 def _oldest_occurrence(index, first_end, length, reach):
     # The oldest of the `reach` occurrences on the prev chain from first_end (most recent
     # first) whose last `length` tokens equal tokens[n - length : n]; -1 if none of them does.
-    tokens, prev, _, n, _, _ = index
+    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
     oldest = -1
     end = first_end
     walked = 0
@@ -193,7 +193,7 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
     """
     (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len, first_reach,
      first_only) = options
-    tokens, prev, _, n, min_ngram, _ = index
+    tokens, prev, n, min_ngram = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N], index[INDEX_MIN_NGRAM]
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
         return
@@ -231,7 +231,7 @@ def add_longest_match(index, query, options, trie, count, ends, out):
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
     num_draft_tokens, match_base, scale, stop_token = options
-    source, _, _, n, _, _ = index
+    source, n = index[INDEX_TOKENS], index[INDEX_N]
     match_len = kernels.match_ends(index, query, query.shape[0], ends)
     if match_len:
         start = ends[match_len] + 1

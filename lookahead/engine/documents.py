@@ -12,6 +12,7 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.engine.arena import TABLE_AT, TOKEN_AT, IndexArena
 from lookahead.engine.groups import docs_group
+from lookahead.index.kernels import INDEX_N, INDEX_PREV, INDEX_TABLE, INDEX_TOKENS
 
 
 class DocumentStores:
@@ -85,8 +86,8 @@ class DocumentStores:
                 entries = max(d + 1, 2 * self.arena.entries)
                 self.arena.grow_entries(entries)
                 self.n = np.concatenate([self.n, np.zeros(entries - self.n.shape[0], dtype=np.int64)])
-        with store.reading() as index:  # (tokens, prev, table, n, ...), index/kernels.py's layout
-            tokens, prev, table, n = index[:4]
+        with store.reading() as index:  # index/kernels.py's index tuple
+            tokens, prev, table, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_TABLE], index[INDEX_N]
             self.arena.allocate(d, max(n, 1), table.shape[0])
             at, table_at = int(self.arena.at[d, TOKEN_AT]), int(self.arena.at[d, TABLE_AT])
             self.arena.tokens[at : at + n] = tokens[:n]

@@ -25,7 +25,8 @@ from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TO
                                      ROWS_TOKEN_IDS, ROWS_VERIFIED, SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL,
                                      SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, WORK_SCRATCH, WORK_TRIE)
 from lookahead.index import SEPARATOR
-from lookahead.index.kernels import EMPTY, grown_table, grown_tokens, index_ends, match_ends
+from lookahead.index.kernels import (EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS, grown_table,
+                                      grown_tokens, index_ends, index_group, match_ends)
 from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.trie import (TRIE_CHILD, TRIE_PARENT, TRIE_SIBLING, TRIE_TOKEN, TRIE_WEIGHT, add_longest_match,
                             add_suffix_candidates, heaviest_path)
@@ -74,6 +75,13 @@ def view(arena, e):
     tokens, prev, table, at = arena[ARENA_TOKENS], arena[ARENA_PREV], arena[ARENA_TABLE], arena[ARENA_AT]
     t, c, b = at[e, TOKEN_AT], at[e, TOKEN_CAP], at[e, TABLE_AT]
     return tokens[t : t + c], prev[t : t + c], table[b : b + at[e, TABLE_CAP]]
+
+
+@njit(cache=True, inline="always")
+def _entry_index(arena, e, n, min_ngram, max_ngram):
+    # entry e's index tuple (index/kernels.py's) over its first n tokens
+    tokens, prev, table = view(arena, e)
+    return index_group(tokens=tokens, prev=prev, table=table, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
 
 
 @njit(cache=True, inline="always")
@@ -140,7 +148,8 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
     if n > start:
         lo = max(start - 1, 0)
         if n - 1 > lo:
-            cols[s, USED] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+            index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
+            cols[s, USED] += index_ends(index, lo, n - 1)
         cols[s, INDEXED] = n
 
 
@@ -236,7 +245,8 @@ def count_continuations(index, query, m, path, length, reach, ends, counts):
     """counts[0] += the occurrences of query's last m tokens among the `reach` most recent in the index
     (each ending before the index's last token); counts[1 + j] += those of them followed by path[:j + 1].
     `ends` (max_ngram + 1,) is scratch. Cost: O(max_ngram) probes and O(reach * (m + length))."""
-    tokens, prev, _, n, min_ngram, max_ngram = index
+    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
+    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
     if m < min_ngram or m > max_ngram or n < 2 or match_ends(index, query, query.shape[0], ends) < m:
         return
     end = ends[m]
@@ -329,9 +339,10 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
         drafted = True
         tok, prv, tab = view(arena, s)
         _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
+        index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
-        add_suffix_candidates((tok, prv, tab, n, min_ngram, max_ngram),
+        add_suffix_candidates(index,
                               (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
                                cols[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
@@ -339,10 +350,10 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
             query = tok[max(0, n - max_ngram) : n]
             d = cols[s, DOC]
             if d >= 0 and doc_n[d] > 0:
-                document = view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram)
+                document = _entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram)
                 add_longest_match(document, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
-            if has_memory and memory[3] > 0:
+            if has_memory and memory[INDEX_N] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
         anchored = max(match_len, substituted) if count > 1 else 0
@@ -356,12 +367,13 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
             found[:] = 0
             m = min(max(anchored, 1), max_ngram)
             path = out_ids[r]
-            count_continuations((tok, prv, tab, n, min_ngram, max_ngram), tok[:n], m, path, length, REACH, ends, found)
+            count_continuations(index, tok[:n], m, path, length, REACH, ends, found)
             query = tok[max(0, n - max_ngram) : n]
             d = cols[s, DOC]
             if d >= 0 and doc_n[d] > 0:
-                count_continuations(view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends, found)
-            if has_memory and memory[3] > 0:
+                count_continuations(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends,
+                                    found)
+            if has_memory and memory[INDEX_N] > 0:
                 count_continuations(memory, query, m, path, length, REACH, ends, found)
             token_chances(found, length, keep_chance(keep, overall, s, anchored), anchored, out_chance[r])
             cols[s, LAST_CHANCE] = int(out_chance[r, 0] * CHANCE_SCALE)

@@ -1,5 +1,5 @@
-"""The kernels' tuple groups (engine.groups', trie.py's `trie`): each builder puts every field where the kernels
-read it, `group[GROUP_FIELD]`."""
+"""The kernels' tuple groups (engine.groups', trie.py's trie, index/kernels.py's index): each builder puts every field
+where the kernels read it, `group[GROUP_FIELD]`."""
 
 import inspect
 
@@ -7,8 +7,10 @@ import pytest
 
 from lookahead import trie
 from lookahead.engine import groups
+from lookahead.index import IndexBuffers, kernels
 
-BUILDERS = [(groups, getattr(groups, name)) for name in dir(groups) if name.endswith("_group")] + [(trie, trie.trie_group)]
+BUILDERS = [(groups, getattr(groups, name)) for name in dir(groups) if name.endswith("_group")] + [
+    (trie, trie.trie_group), (kernels, kernels.index_group.py_func)]
 
 
 def test_every_engine_group_has_a_builder():
@@ -26,3 +28,8 @@ def test_each_field_is_read_by_its_constant(module, builder):
     assert sorted(constants.values()) == list(range(len(fields))) == list(range(len(group)))
     for field in fields:
         assert group[constants[prefix + field.upper()]] == f"sentinel {field}"
+
+
+def test_index_buffers_hold_the_index_tuples_fields_in_order():  # kernels take tuple(TokenIndex.buffers())
+    index = tuple(IndexBuffers(**{field: f"sentinel {field}" for field in IndexBuffers._fields}))
+    assert index == kernels.index_group.py_func(**{field: f"sentinel {field}" for field in IndexBuffers._fields})
