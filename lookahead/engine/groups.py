@@ -2,9 +2,8 @@
 
 A kernel reads `rows[ROWS_NUM_TOKENS]`, never unpacks a group by position; each group is built by its
 function below, which names every field (`rows_group(slot=..., num_tokens=..., ...)`) and returns them in the
-constants' order (tests/engine/test_groups.py checks that they agree). Plain tuples, not NamedTuples: numba
-types a plain tuple of arrays from a cached fingerprint, a NamedTuple through Python (about 0.5 us more a
-call); a tuple index that is a module-level int is resolved when the kernel compiles.
+constants' order (tests/engine/test_groups.py checks that they agree). Plain tuples, as index/kernels.py's index
+tuple is (that docstring says why; the constants cost nothing at run time).
 
     arena  (IndexArena.arrays(): the token indexes of many entries; engine.arena lays its arrays out)
       tokens, prev, table, at
@@ -42,7 +41,7 @@ call); a tuple index that is a module-level int is resolved when the kernel comp
       has_memory            bool       whether the memory index is read
     work  (Batch: advance's scratch)
       trie       trie.py's trie tuple  the chain's candidates
-      ends       int64[max_ngram + 1]  match_ends' scratch
+      ends       int64[MAX_NGRAM + 1]  match_ends' scratch (index.kernels.MAX_NGRAM)
       scratch    int64[3]              add_suffix_candidates' and add_longest_match's results
 """
 
