@@ -136,7 +136,7 @@ class TokenStore:
             >>> store = TokenStore()
             >>> store.add([10, 11, 12])
             >>> with store.reading() as index:
-            ...     index[3]  # tokens indexed, the separator included
+            ...     index[kernels.INDEX_N]  # tokens indexed, the separator included
             4
         """
         return _Reading(self)

@@ -22,9 +22,10 @@ A node several sources propose keeps the origin of the first that did (candidate
 prompt's first occurrence first, then the request's own occurrences, documents, memory, the
 prediction table): what a stats line credits to a source (draft.DraftStats.by_source).
 
-Kernels take the trie as one tuple, `trie = (token, parent, weight, child, sibling, eos,
-vocab_limit, origin)` (`DraftTrie.arrays`): the buffers, then what no path runs into (the int64 ids
-`eos`, and any id >= vocab_limit), then the origins; the index as kernels.py's `index` tuple; a public
+Kernels take the trie as one plain tuple, `trie_group(token=, parent=, weight=, child=, sibling=, eos=,
+vocab_limit=, origin=)` (`DraftTrie.arrays`), each field read by its constant (`trie[TRIE_WEIGHT]`): the
+buffers, then what no path runs into (the int64 ids `eos`, and any id >= vocab_limit), then the origins;
+the index as kernels.py's `index` tuple; a public
 kernel's options as a small tuple, named where it unpacks them (the vLLM proposer calls
 them so), a private helper's as named scalars. A kernel that adds nodes takes the node
 count and returns (or writes to out[0]) the new one.
@@ -35,17 +36,23 @@ from numba import njit
 
 from lookahead.draft import OUTPUT, PREDICTIONS, PROMPT
 from lookahead.index import IndexBuffers, TokenIndex, kernels
-from lookahead.index.kernels import EMPTY
+from lookahead.index.kernels import EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS
 
 _warmed_up = False
 NO_VOCAB_LIMIT = 2**31  # above every token id (and SEPARATOR)
 NO_CORRECTION = (NO_VOCAB_LIMIT, np.zeros(0), np.zeros((2, 1)))  # likeliest_nodes' correction that leaves every estimate as it is
+TRIE_TOKEN, TRIE_PARENT, TRIE_WEIGHT, TRIE_CHILD, TRIE_SIBLING, TRIE_EOS, TRIE_VOCAB_LIMIT, TRIE_ORIGIN = range(8)  # the trie's fields
+
+
+def trie_group(*, token, parent, weight, child, sibling, eos, vocab_limit, origin) -> tuple:
+    """The kernels' `trie` tuple, in its constants' order."""
+    return (token, parent, weight, child, sibling, eos, vocab_limit, origin)
 
 
 @njit(cache=True, inline="always")
 def _takes(trie, t):
     # Whether a path may run into token t: not an eos id, below vocab_limit (the model cannot take the rest).
-    eos, limit = trie[5], trie[6]
+    eos, limit = trie[TRIE_EOS], trie[TRIE_VOCAB_LIMIT]
     if t < 0 or t >= limit:
         return False
     for e in range(eos.shape[0]):
@@ -57,7 +64,8 @@ def _takes(trie, t):
 @njit(cache=True, inline="always")
 def _child(trie, node, t, count):
     # The child of `node` holding token t, created (appended after its siblings) if missing; returns (child, new count).
-    token, parent, weight, child, sibling = trie[0], trie[1], trie[2], trie[3], trie[4]
+    token, parent, weight = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_WEIGHT]
+    child, sibling = trie[TRIE_CHILD], trie[TRIE_SIBLING]
     c = child[node]
     last = EMPTY  # the last sibling seen: a new child is appended after it
     while c != EMPTY and token[c] != t:
@@ -78,7 +86,7 @@ def _child(trie, node, t, count):
 def _add_path(source, start, stop, w, trie, count, prompt_len):
     # Adds source[start:stop], cut before any token in eos or >= vocab_limit, with weight w; returns the new count.
     # A node it creates has origin PROMPT where its token sits in source[:prompt_len], else OUTPUT.
-    weight, origin = trie[2], trie[7]
+    weight, origin = trie[TRIE_WEIGHT], trie[TRIE_ORIGIN]
     node = 0
     for pos in range(start, stop):
         t = source[pos]
@@ -115,7 +123,7 @@ def _add_occurrences(index, query_len, first_end, trie, count, out, walking, pro
     # went on copying) it adds the tokens after that instead, with weight skip_scale *
     # match_base**m. Writes (count, longest m added, its end) to out[0:3]. `walking`: (match_base,
     # num_draft_tokens, walk, min_match, shift, scale, skip_scale).
-    tokens, prev, _, n, _, max_ngram = index
+    tokens, prev, n, max_ngram = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N], index[INDEX_MAX_NGRAM]
     match_base, num_draft_tokens, walk, min_match, shift, scale, skip_scale = walking
     best_len, best_end = 0, -1
     end = first_end
@@ -140,7 +148,7 @@ def _add_occurrences(index, query_len, first_end, trie, count, out, walking, pro
 def _oldest_occurrence(index, first_end, length, reach):
     # The oldest of the `reach` occurrences on the prev chain from first_end (most recent
     # first) whose last `length` tokens equal tokens[n - length : n]; -1 if none of them does.
-    tokens, prev, _, n, _, _ = index
+    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
     oldest = -1
     end = first_end
     walked = 0
@@ -185,7 +193,7 @@ def add_suffix_candidates(index, options, trie, count, ends, out):
     """
     (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len, first_reach,
      first_only) = options
-    tokens, prev, _, n, min_ngram, _ = index
+    tokens, prev, n, min_ngram = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N], index[INDEX_MIN_NGRAM]
     out[0], out[1], out[2] = count, 0, 0
     if n < 2:
         return
@@ -223,7 +231,7 @@ def add_longest_match(index, query, options, trie, count, ends, out):
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
     num_draft_tokens, match_base, scale, stop_token = options
-    source, _, _, n, _, _ = index
+    source, n = index[INDEX_TOKENS], index[INDEX_N]
     match_len = kernels.match_ends(index, query, query.shape[0], ends)
     if match_len:
         start = ends[match_len] + 1
@@ -269,7 +277,7 @@ def add_predictions(ids, root_token, chances, options, trie, count, heap):
     arrays of at least budget * k + k entries. Cost: O(budget * k * log(budget * k) + budget * branching).
     """
     budget, max_depth, scale = options
-    weight, origin = trie[2], trie[7]
+    weight, origin = trie[TRIE_WEIGHT], trie[TRIE_ORIGIN]
     score, node_of, token_of, depth_of, seq_of = heap
     rows, k = ids.shape
     size = 0
@@ -327,7 +335,7 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
     never scores above its parent, and ties go to the earlier-created node, so a parent always
     comes before its children: the result is closed under parent. O(count log count).
     """
-    _, parent, weight, _, _, _, _, _ = trie
+    parent, weight = trie[TRIE_PARENT], trie[TRIE_WEIGHT]
     if count <= 1:
         return 0
     score = np.empty(count - 1, dtype=np.float64)
@@ -362,7 +370,7 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_no
     earlier-created node (a parent precedes its children): every prefix of the result is closed
     under parent. O(count log count).
     """
-    _, parent, weight, _, _, _, _, _ = trie
+    parent, weight = trie[TRIE_PARENT], trie[TRIE_WEIGHT]
     first_class, bands, errors = correction
     if count <= 1:
         return 0
@@ -394,7 +402,7 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_no
 def heaviest_path(trie, max_len, first_class, out_nodes):
     """Follows the heaviest child from the root (ties: the earliest created), a child created before
     `first_class` over any later one; writes its nodes. Returns the length."""
-    _, _, weight, child, sibling, _, _, _ = trie
+    weight, child, sibling = trie[TRIE_WEIGHT], trie[TRIE_CHILD], trie[TRIE_SIBLING]
     node = 0
     length = 0
     while length < max_len:
@@ -474,8 +482,8 @@ class DraftTrie:
         return self._arrays
 
     def _pack(self) -> None:
-        self._arrays = (self._token, self._parent, self._weight, self._child, self._sibling, self._eos, self._vocab_limit,
-                        self._origin)
+        self._arrays = trie_group(token=self._token, parent=self._parent, weight=self._weight, child=self._child,
+                                  sibling=self._sibling, eos=self._eos, vocab_limit=self._vocab_limit, origin=self._origin)
 
     def __len__(self) -> int:
         """Nodes, the root excluded."""

@@ -288,9 +288,9 @@ class ReferenceProposer:
             counts, ends, grams = np.zeros(len(chain) + 1, dtype=np.int64), np.zeros(MAX_NGRAM + 1, dtype=np.int64), request.drafter.max_ngram
             index = request.drafter.index.buffers()
             m, path = min(max(chain.match_len, 1), grams), chain.token_ids.astype(np.int64)
-            kernels.count_continuations(index, index[0][: index[3]], m, path, len(chain), kernels.REACH, ends, counts)
+            kernels.count_continuations(index, index.tokens[: index.n], m, path, len(chain), kernels.REACH, ends, counts)
             with self.memory.reading() as memory:
-                kernels.count_continuations(memory, index[0][max(0, index[3] - grams) : index[3]], m, path, len(chain),
+                kernels.count_continuations(memory, index.tokens[max(0, index.n - grams) : index.n], m, path, len(chain),
                                             kernels.REACH, ends, counts)
             out = np.zeros(len(chain))
             kernels.token_chances(counts, len(chain), request.keep_chance(chain), chain.match_len, out)

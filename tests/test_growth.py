@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from lookahead import TokenIndex
 from lookahead.engine import kernels as engine_kernels
 from lookahead.engine.arena import TABLE_CAP, TOKEN_CAP
+from lookahead.engine.groups import rows_group
 from lookahead.engine.slots import HEADROOM, Slots
 from lookahead.index import kernels
 from lookahead.index.kernels import GROWTH, MAX_LOAD, grown_table, grown_tokens
@@ -58,10 +59,11 @@ def test_the_engine_grows_a_slot_by_the_rule():
     at = slots.index.at
     assert at[s, TABLE_CAP] == grown_table(32, int(HEADROOM * 10) * 4)  # its planned tokens, each adding at most 4 slots
     n = int(at[s, TOKEN_CAP]) + 5  # past its tokens' region
-    rows = (np.array([s]), np.array([n]), np.array([1]), np.zeros(1, np.int64), np.zeros(1, np.int64),
-            np.zeros(1, np.int64), np.zeros((1, n), np.int32))
+    none = np.zeros(1, np.int64)
+    rows = rows_group(slot=np.array([s]), num_tokens=np.array([n]), num_sampled=np.array([1]), verified=none, theirs=none,
+                      room=np.zeros(1, np.int64), token_ids=np.zeros((1, n), np.int32))
     new_tokens, new_table = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    decode, grows = engine_kernels.room_and_growth(rows, slots.cols, at, (4, 1 << 20, 4), new_tokens, new_table)
+    decode, grows = engine_kernels.room_and_growth(rows, slots.cols, at, 4, 1 << 20, 4, new_tokens, new_table)
     assert (decode, grows) == (1, 1)
     assert new_tokens[0] == grown_tokens(int(at[s, TOKEN_CAP]), n + 1)
     table = grown_table(int(at[s, TABLE_CAP]), n * 4)  # nothing indexed yet

@@ -17,6 +17,7 @@ compact: callers pass them to each kernel call anew (`arrays`), never keep a vie
 
 import numpy as np
 
+from lookahead.engine.groups import arena_group
 from lookahead.index.kernels import EMPTY, rehash
 
 TOKEN_AT, TOKEN_CAP, TABLE_AT, TABLE_CAP = range(4)  # columns of IndexArena.at
@@ -46,15 +47,19 @@ class IndexArena:
         self.token_end = self.table_end = 0  # the first free position of each: regions are taken there
         self.live_tokens = self.live_table = 0  # positions in live regions
         self.compactions = 0
-        self._arrays = (self.tokens, self.prev, self.table, self.at)  # arrays(), rebuilt wherever one is replaced
+        self._arrays = self._group()  # arrays(), rebuilt wherever one is replaced
 
     @property
     def entries(self) -> int:
         return self.at.shape[0]
 
     def arrays(self) -> tuple:
-        """(tokens, prev, table, at): what a kernel takes to view any entry (valid until the next allocate, resize or free)."""
+        """The kernels' `arena` group (engine.groups): what a kernel takes to view any entry (valid until the next
+        allocate, resize or free)."""
         return self._arrays
+
+    def _group(self) -> tuple:
+        return arena_group(tokens=self.tokens, prev=self.prev, table=self.table, at=self.at)
 
     def grow_entries(self, entries: int) -> None:
         """Room for `entries` entries (the new ones free)."""
@@ -62,7 +67,7 @@ class IndexArena:
             at = np.zeros((entries, 4), dtype=np.int64)
             at[: self.entries] = self.at
             self.at = at
-            self._arrays = (self.tokens, self.prev, self.table, self.at)
+            self._arrays = self._group()
 
     def allocate(self, e: int, token_capacity: int, table_capacity: int) -> None:
         """Free entry `e` gets a region of each size, its table empty."""
@@ -70,7 +75,8 @@ class IndexArena:
             raise ValueError(f"entry {e} is in use: free it first")
         token_at, table_at = self._take(token_capacity, table_capacity)
         self.table[table_at : table_at + table_capacity] = EMPTY
-        self.at[e] = token_at, token_capacity, table_at, table_capacity
+        at = self.at
+        at[e, TOKEN_AT], at[e, TOKEN_CAP], at[e, TABLE_AT], at[e, TABLE_CAP] = token_at, token_capacity, table_at, table_capacity
         self.live_tokens += token_capacity
         self.live_table += table_capacity
 
@@ -132,7 +138,8 @@ class IndexArena:
         table = np.full(table_size, EMPTY, dtype=np.int32)
         token_end = table_end = 0
         for e in np.flatnonzero(self.at[:, TOKEN_CAP] | self.at[:, TABLE_CAP]).tolist():
-            t, tc, b, bc = (int(v) for v in self.at[e])
+            t, tc = int(self.at[e, TOKEN_AT]), int(self.at[e, TOKEN_CAP])
+            b, bc = int(self.at[e, TABLE_AT]), int(self.at[e, TABLE_CAP])
             tokens[token_end : token_end + tc] = self.tokens[t : t + tc]
             prev[token_end : token_end + tc] = self.prev[t : t + tc]
             table[table_end : table_end + bc] = self.table[b : b + bc]
@@ -140,4 +147,4 @@ class IndexArena:
             token_end, table_end = token_end + tc, table_end + bc
         self.tokens, self.prev, self.table = tokens, prev, table
         self.token_end, self.table_end = token_end, table_end
-        self._arrays = (self.tokens, self.prev, self.table, self.at)
+        self._arrays = self._group()

@@ -28,6 +28,7 @@ from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.engine.documents import DocumentStores
+from lookahead.engine.groups import options_group, out_group, rows_group, work_group
 from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
 from lookahead.index import TokenIndex, as_id_set
@@ -35,7 +36,7 @@ from lookahead.index.kernels import MAX_NGRAM
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 from lookahead.policy import CHAIN_WALK
 from lookahead.store import TokenStore
-from lookahead.trie import NO_VOCAB_LIMIT
+from lookahead.trie import NO_VOCAB_LIMIT, trie_group
 
 INDEX_AHEAD = 64  # rows' unindexed tokens worth indexing between steps (where fewer wait, the hand-off costs more than it
                   # saves: notes/README.md, "a cold step's calls, and indexing between steps"); a new prompt is hundreds
@@ -71,12 +72,14 @@ class Batch:
         self._step_rows: tuple = ()  # the step's per-row group (begin)
         nodes = 1 + (CHAIN_WALK[0] + CHAIN_WALK[1] + 4) * num_draft_tokens  # add_suffix_candidates' bound, and 2 stores
         eos = np.fromiter(sorted(as_id_set(eos_token_id)), dtype=np.int64)
-        trie = (np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), np.zeros(nodes, np.float64),
-                np.zeros(nodes, np.int64), np.zeros(nodes, np.int64), eos, NO_VOCAB_LIMIT, np.zeros(nodes, np.int8))  # (node,) trie.py's layout
-        self._work = (trie, np.zeros(MAX_NGRAM + 1, dtype=np.int64), np.zeros(3, dtype=np.int64))  # advance's scratch
+        trie = trie_group(token=np.zeros(nodes, np.int64), parent=np.zeros(nodes, np.int64), weight=np.zeros(nodes, np.float64),
+                          child=np.zeros(nodes, np.int64), sibling=np.zeros(nodes, np.int64), eos=eos,
+                          vocab_limit=NO_VOCAB_LIMIT, origin=np.zeros(nodes, np.int8))  # (node,) trie.py's layout
+        self._work = work_group(trie=trie, ends=np.zeros(MAX_NGRAM + 1, dtype=np.int64), scratch=np.zeros(3, dtype=np.int64))
         self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
-        self._options = (min_ngram, max_ngram, float(draft_factor), memory is not None)
-        self._limits = (num_draft_tokens, max_model_len, max_ngram - min_ngram + 1)  # room_and_growth's
+        self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor),
+                                      has_memory=memory is not None)
+        self._grams = max_ngram - min_ngram + 1  # gram lengths indexed (room_and_growth's)
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
         self.requests: dict = {}  # the caller's request key -> its slot, in arrival order
@@ -108,8 +111,8 @@ class Batch:
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
         self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (`verified`)
         self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of another's draft it verified
-        self._out = (self.out_ids, self.out_len, self.out_match, self.out_chance, self.out_status,
-                     self.counts, self.per_pos, self.out_count)  # advance's `out` group
+        self._out = out_group(ids=self.out_ids, len=self.out_len, match=self.out_match, chance=self.out_chance,
+                              status=self.out_status, counts=self.counts, per_pos=self.per_pos, count=self.out_count)
 
     # -- requests, by the caller's key -----------------------------------------------------------
 
@@ -259,8 +262,10 @@ class Batch:
         self._sent = {}  # the last step's, read by `verified`; this step's commit writes it anew
         s = self.slots
         new_tokens, new_table = self._new_tokens[:num_rows], self._new_table[:num_rows]
-        self._step_rows = (slots, num_tokens, num_sampled, verified, theirs, self.room[:num_rows], token_ids)  # kernels' `rows`
-        decode, grows = kernels.room_and_growth(self._step_rows, s.cols, s.index.at, self._limits, new_tokens, new_table)
+        self._step_rows = rows_group(slot=slots, num_tokens=num_tokens, num_sampled=num_sampled, verified=verified,
+                                     theirs=theirs, room=self.room[:num_rows], token_ids=token_ids)
+        decode, grows = kernels.room_and_growth(self._step_rows, s.cols, s.index.at, self.k, self.max_model_len, self._grams,
+                                                new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
         return decode
@@ -273,7 +278,7 @@ class Batch:
         with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
             drafting, counted, self._pending = kernels.advance(self._step_rows, s.state(), s.index.arrays(),
                                                                self.document_stores.arrays(), memory_index,
-                                                               (*self._options, bar, force), self._work, self._out)
+                                                               self._options, bar, force, self._work, self._out)
         return drafting, counted
 
     def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[list[list[int]], int, int]:

@@ -10,7 +10,9 @@ every request served.
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
-from lookahead.engine.arena import IndexArena
+from lookahead.engine.arena import TABLE_AT, TOKEN_AT, IndexArena
+from lookahead.engine.groups import docs_group
+from lookahead.index.kernels import INDEX_N, INDEX_PREV, INDEX_TABLE, INDEX_TOKENS
 
 
 class DocumentStores:
@@ -44,8 +46,8 @@ class DocumentStores:
         return len(self._doc_of)
 
     def arrays(self) -> tuple:
-        """The kernels' `docs` group: (the arena's arrays, n)."""
-        return self.arena.arrays(), self.n
+        """The kernels' `docs` group (engine.groups)."""
+        return docs_group(arena=self.arena.arrays(), n=self.n)
 
     def acquire(self, prompt_ids) -> int:
         """The store a new request with this prompt consults (-1: none); counted until `release`."""
@@ -84,10 +86,10 @@ class DocumentStores:
                 entries = max(d + 1, 2 * self.arena.entries)
                 self.arena.grow_entries(entries)
                 self.n = np.concatenate([self.n, np.zeros(entries - self.n.shape[0], dtype=np.int64)])
-        with store.reading() as index:  # (tokens, prev, table, n, ...), index/kernels.py's layout
-            tokens, prev, table, n = index[:4]
+        with store.reading() as index:  # index/kernels.py's index tuple
+            tokens, prev, table, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_TABLE], index[INDEX_N]
             self.arena.allocate(d, max(n, 1), table.shape[0])
-            at, _, table_at, _ = (int(v) for v in self.arena.at[d])
+            at, table_at = int(self.arena.at[d, TOKEN_AT]), int(self.arena.at[d, TABLE_AT])
             self.arena.tokens[at : at + n] = tokens[:n]
             self.arena.prev[at : at + n] = prev[:n]
             self.arena.table[table_at : table_at + table.shape[0]] = table

@@ -1,23 +1,9 @@
 """The batched drafting engine's per-step kernels: arrays in a few named groups, one slot per live request.
 
 A request holds a slot `s` for its life (rows move, slots do not). `engine.slots.Slots` owns and
-grows every array below; the kernels only read and write them, never resize:
-
-    slots = (cols, keep, overall, plan_ids, watch, watch_ids)
-      cols       int64[S, NUM_COLS]     # per slot, the columns COPIED ... LAST_CHANCE below
-      keep       float64[S, M + 1, 2]   # per anchor length m: faded (kept tokens, failures): the keep rate
-      overall    float64[S, 2]          # faded (kept, failed) over every length, prior (1, 1)
-      plan_ids   int32[S, K]            # the pending chain (cols[s, PLAN_LEN] tokens)
-      watch      int64[S, W, 5]         # rests of chains past what was verified, oldest first (learn_row):
-                                        #   watch[s, 0, 0] the count; watch[s, i, 1:5] (match_len, length, position, counted)
-      watch_ids  int32[S, W, K]         # their tokens
-    index = (tokens, prev, table, at)   # the slots' token indexes: engine.arena.IndexArena.arrays(), entry s = slot s
-    docs = (arena, doc_n)               # documents stores: an IndexArena's arrays, and int64[D] the tokens each holds
-    rows = (rows_slot, num_tokens, num_sampled, verified, theirs, room, token_ids)   # per row r of this step:
-      rows_slot int64[R] its slot; num_tokens int64[R]; num_sampled int64[R] tokens written this step;
-      verified int64[R] of our draft's tokens the step checked; theirs int64[R] of vLLM's own; room int64[R] the
-      most tokens its chain may hold; token_ids int32[R, L] the rows' tokens
-    out = (out_ids, out_len, out_match, out_chance, out_status, counts, per_pos, out_count)   # advance's results
+grows every array; the kernels only read and write them, never resize. The kernels take them in the
+groups engine.groups lays out (arena, docs, slots, rows, out, options, work), each field read by its
+constant there (`rows[ROWS_NUM_TOKENS]`); the slots' token indexes are an arena's entries, entry s = slot s.
 
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
@@ -32,10 +18,18 @@ from numba import njit
 
 from lookahead.policy import CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
+from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TOKENS, DOCS_ARENA, DOCS_N,
+                                     OPTIONS_DRAFT_FACTOR, OPTIONS_HAS_MEMORY, OPTIONS_MAX_NGRAM, OPTIONS_MIN_NGRAM,
+                                     OUT_CHANCE, OUT_COUNT, OUT_COUNTS, OUT_IDS, OUT_LEN, OUT_MATCH, OUT_PER_POS,
+                                     OUT_STATUS, ROWS_NUM_SAMPLED, ROWS_NUM_TOKENS, ROWS_ROOM, ROWS_SLOT, ROWS_THEIRS,
+                                     ROWS_TOKEN_IDS, ROWS_VERIFIED, SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL,
+                                     SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, WORK_SCRATCH, WORK_TRIE)
 from lookahead.index import SEPARATOR
-from lookahead.index.kernels import EMPTY, grown_table, grown_tokens, index_ends, match_ends
+from lookahead.index.kernels import (EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS, grown_table,
+                                      grown_tokens, index_ends, index_group, match_ends)
 from lookahead.sizing.rules import MAX_CHANCE
-from lookahead.trie import add_longest_match, add_suffix_candidates, heaviest_path
+from lookahead.trie import (TRIE_CHILD, TRIE_PARENT, TRIE_SIBLING, TRIE_TOKEN, TRIE_WEIGHT, add_longest_match,
+                            add_suffix_candidates, heaviest_path)
 
 # columns of slots' cols
 COPIED = 0  # tokens copied from the row: the slot's tokens[:COPIED]
@@ -77,10 +71,17 @@ NO_PLAN, LEARNT, DISCARDED = 0, 1, 2
 
 @njit(cache=True, inline="always")
 def view(arena, e):
-    """(tokens, prev, table): entry e's index in an IndexArena's arrays (slices: bounds are the arena's)."""
-    tokens, prev, table, at = arena
+    """(tokens, prev, table): entry e's index in an arena group (slices: bounds are the arena's)."""
+    tokens, prev, table, at = arena[ARENA_TOKENS], arena[ARENA_PREV], arena[ARENA_TABLE], arena[ARENA_AT]
     t, c, b = at[e, TOKEN_AT], at[e, TOKEN_CAP], at[e, TABLE_AT]
     return tokens[t : t + c], prev[t : t + c], table[b : b + at[e, TABLE_CAP]]
+
+
+@njit(cache=True, inline="always")
+def _entry_index(arena, e, n, min_ngram, max_ngram):
+    # entry e's index tuple (index/kernels.py's) over its first n tokens
+    tokens, prev, table = view(arena, e)
+    return index_group(tokens=tokens, prev=prev, table=table, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
 
 
 @njit(cache=True, inline="always")
@@ -147,7 +148,8 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
     if n > start:
         lo = max(start - 1, 0)
         if n - 1 > lo:
-            cols[s, USED] += index_ends((tok, prv, tab, n, min_ngram, max_ngram), lo, n - 1)
+            index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
+            cols[s, USED] += index_ends(index, lo, n - 1)
         cols[s, INDEXED] = n
 
 
@@ -163,7 +165,8 @@ def learn_row(slots, s, row, n, c, verified):
     count as kept, a disagreement among the checked tokens as one failure (counts fade by FADE when either
     grows); a chain all of whose checked tokens agree has its unchecked rest watched (MAX_WATCHED, oldest
     dropped), each rest token counted as the model later writes it, a disagreement as its failure."""
-    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    cols, keep, overall, plan_ids = slots[SLOTS_COLS], slots[SLOTS_KEEP], slots[SLOTS_OVERALL], slots[SLOTS_PLAN_IDS]
+    watch, watch_ids = slots[SLOTS_WATCH], slots[SLOTS_WATCH_IDS]
     status = NO_PLAN
     if cols[s, PLAN_LEN] >= 0:
         moved = c > 0 and n == cols[s, PLAN_POS] + c
@@ -189,16 +192,16 @@ def learn_row(slots, s, row, n, c, verified):
 @njit(cache=True)
 def settle_row(slots, s, row, n):
     """Slot s's watched rests settle against row[:n] (tokens that came outside a plan)."""
-    cols, keep, overall, plan_ids, watch, watch_ids = slots
+    watch = slots[SLOTS_WATCH]
     if watch[s, 0, 0]:
-        _settle(keep, overall, watch, watch_ids, s, row, n)
+        _settle(slots[SLOTS_KEEP], slots[SLOTS_OVERALL], watch, slots[SLOTS_WATCH_IDS], s, row, n)
 
 
 @njit(cache=True, inline="always")
 def plan_row(slots, s, ids, length, size, match, position):
     """Slot s's pending plan (Request.commit): the chain ids[:length] (at most K tokens kept), `size` of its
     tokens sent, anchored on `match` tokens, drafted when the request had `position` tokens."""
-    cols, plan_ids = slots[0], slots[3]
+    cols, plan_ids = slots[SLOTS_COLS], slots[SLOTS_PLAN_IDS]
     length = min(length, plan_ids.shape[1])
     cols[s, PLAN_LEN], cols[s, PLAN_SIZE], cols[s, PLAN_MATCH], cols[s, PLAN_POS] = length, size, match, position
     for j in range(length):
@@ -216,18 +219,19 @@ def tree_kept(parents, token_ids, kept, out):
 
 
 @njit(cache=True)
-def _learn(rows, slots, index, out):
+def _learn(rows, slots, arena, out):
     # advance's first pass: each row's pending plan resolved, its watched rests settled, its new tokens copied
-    rows_slot, num_tokens, num_sampled, verified, _, _, token_ids = rows
-    cols = slots[0]
-    out_status = out[4]
+    rows_slot, num_tokens, num_sampled = rows[ROWS_SLOT], rows[ROWS_NUM_TOKENS], rows[ROWS_NUM_SAMPLED]
+    verified, token_ids = rows[ROWS_VERIFIED], rows[ROWS_TOKEN_IDS]
+    cols = slots[SLOTS_COLS]
+    out_status = out[OUT_STATUS]
     for r in range(rows_slot.shape[0]):
         s = rows_slot[r]
         n = num_tokens[r]
         row = token_ids[r]
         out_status[r] = learn_row(slots, s, row, n, num_sampled[r], verified[r])
         if n > cols[s, COPIED]:
-            tok = view(index, s)[0]
+            tok = view(arena, s)[0]
             if n > tok.shape[0]:  # (room_and_growth grows every slot first: never, unless a caller skipped it)
                 raise IndexError("a row has more tokens than its slot holds: Slots.reserve was not called")
             for pos in range(cols[s, COPIED], n):
@@ -241,7 +245,8 @@ def count_continuations(index, query, m, path, length, reach, ends, counts):
     """counts[0] += the occurrences of query's last m tokens among the `reach` most recent in the index
     (each ending before the index's last token); counts[1 + j] += those of them followed by path[:j + 1].
     `ends` (max_ngram + 1,) is scratch. Cost: O(max_ngram) probes and O(reach * (m + length))."""
-    tokens, prev, _, n, min_ngram, max_ngram = index
+    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
+    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
     if m < min_ngram or m > max_ngram or n < 2 or match_ends(index, query, query.shape[0], ends) < m:
         return
     end = ends[m]
@@ -281,7 +286,7 @@ def token_chances(counts, length, chance, anchored, out):
 
 
 @njit(cache=True)
-def advance(rows, slots, index, docs, memory, options, work, out):
+def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     """One step over every row: learn from the tokens it wrote, count the drafts verified, index them, draft its chain.
 
     Per row r (slot s = rows_slot[r], the row's tokens token_ids[r, :num_tokens[r]], its last
@@ -300,26 +305,29 @@ def advance(rows, slots, index, docs, memory, options, work, out):
     out_match[r] tokens, its token j kept with chance out_chance[r, j] (token_chances; the anchor's
     occurrences and those its tokens followed in out_count[r]). Returns (whether any row
     drafted, whether any count is not 0, tokens of rows with room left unindexed: index_rows').
-    memory: the shared store's index tuple (index/kernels.py); options = (min_ngram, max_ngram,
-    draft_factor, has_memory, bar, force); work = (trie, ends, scratch): trie.py's trie and its
-    scratch. The caller has grown every extended slot's regions for its new tokens (room_and_growth,
-    Slots.reserve).
+    memory: the shared store's index tuple (index/kernels.py); arena: the slots' indexes (entry s =
+    slot s); the other groups are engine.groups'. The caller has grown every extended slot's regions
+    for its new tokens (room_and_growth, Slots.reserve).
     """
-    min_ngram, max_ngram, draft_factor, has_memory, bar, force = options
-    rows_slot, num_tokens, num_sampled, verified, theirs, room, token_ids = rows
-    cols, keep, overall, _, _, _ = slots
-    trie, ends, scratch = work
-    out_ids, out_len, out_match, out_chance, out_status, counts, per_pos, out_count = out
+    min_ngram, max_ngram = options[OPTIONS_MIN_NGRAM], options[OPTIONS_MAX_NGRAM]
+    draft_factor, has_memory = options[OPTIONS_DRAFT_FACTOR], options[OPTIONS_HAS_MEMORY]
+    rows_slot, num_tokens, room = rows[ROWS_SLOT], rows[ROWS_NUM_TOKENS], rows[ROWS_ROOM]
+    cols, keep, overall = slots[SLOTS_COLS], slots[SLOTS_KEEP], slots[SLOTS_OVERALL]
+    trie, ends, scratch = work[WORK_TRIE], work[WORK_ENDS], work[WORK_SCRATCH]
+    out_ids, out_len, out_match, out_chance = out[OUT_IDS], out[OUT_LEN], out[OUT_MATCH], out[OUT_CHANCE]
+    out_count = out[OUT_COUNT]
     num_rows = rows_slot.shape[0]
     out_len[:num_rows] = 0
     out_match[:num_rows] = 0
-    _learn(rows, slots, index, out)
-    counted = count_drafts(out_status[:num_rows], verified, theirs, num_sampled, counts, per_pos)
+    _learn(rows, slots, arena, out)
+    counted = count_drafts(out[OUT_STATUS][:num_rows], rows[ROWS_VERIFIED], rows[ROWS_THEIRS], rows[ROWS_NUM_SAMPLED],
+                           out[OUT_COUNTS], out[OUT_PER_POS])
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
         return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
-    token, parent, weight, child, sibling, _, _, _ = trie
-    doc_arena, doc_n = docs
+    token, parent, weight = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_WEIGHT]
+    child, sibling = trie[TRIE_CHILD], trie[TRIE_SIBLING]
+    doc_arena, doc_n = docs[DOCS_ARENA], docs[DOCS_N]
     for r in range(num_rows):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -329,11 +337,12 @@ def advance(rows, slots, index, docs, memory, options, work, out):
         if not force and GATE * cols[s, LAST_CHANCE] <= bar * CHANCE_SCALE:  # its last chain was far below the bar: not drafted
             continue
         drafted = True
-        tok, prv, tab = view(index, s)
+        tok, prv, tab = view(arena, s)
         _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
+        index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
         # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
         token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
-        add_suffix_candidates((tok, prv, tab, n, min_ngram, max_ngram),
+        add_suffix_candidates(index,
                               (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
                                cols[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
@@ -341,10 +350,10 @@ def advance(rows, slots, index, docs, memory, options, work, out):
             query = tok[max(0, n - max_ngram) : n]
             d = cols[s, DOC]
             if d >= 0 and doc_n[d] > 0:
-                document = view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram)
+                document = _entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram)
                 add_longest_match(document, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
-            if has_memory and memory[3] > 0:
+            if has_memory and memory[INDEX_N] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
         anchored = max(match_len, substituted) if count > 1 else 0
@@ -358,12 +367,13 @@ def advance(rows, slots, index, docs, memory, options, work, out):
             found[:] = 0
             m = min(max(anchored, 1), max_ngram)
             path = out_ids[r]
-            count_continuations((tok, prv, tab, n, min_ngram, max_ngram), tok[:n], m, path, length, REACH, ends, found)
+            count_continuations(index, tok[:n], m, path, length, REACH, ends, found)
             query = tok[max(0, n - max_ngram) : n]
             d = cols[s, DOC]
             if d >= 0 and doc_n[d] > 0:
-                count_continuations(view(doc_arena, d) + (doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends, found)
-            if has_memory and memory[3] > 0:
+                count_continuations(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends,
+                                    found)
+            if has_memory and memory[INDEX_N] > 0:
                 count_continuations(memory, query, m, path, length, REACH, ends, found)
             token_chances(found, length, keep_chance(keep, overall, s, anchored), anchored, out_chance[r])
             cols[s, LAST_CHANCE] = int(out_chance[r, 0] * CHANCE_SCALE)
@@ -381,17 +391,15 @@ def _pending(rows_slot, num_tokens, room, cols):
 
 
 @njit(cache=True, nogil=True)
-def index_rows(rows_slot, room, cols, index, grams):
+def index_rows(rows_slot, room, cols, arena, min_ngram, max_ngram):
     """Indexes, for each row with room[r] > 0, its slot's copied tokens not yet indexed: what advance
     indexes when the row next drafts, done ahead, between steps (nogil: on a thread beside the engine's
     Python; the caller holds every array it passes until it returns). room_and_growth sized those rows'
-    tables for them. The index is the same whenever its tokens are taken (index_ends is incremental).
-    grams = (min_ngram, max_ngram)."""
-    min_ngram, max_ngram = grams
+    tables for them. The index is the same whenever its tokens are taken (index_ends is incremental)."""
     for r in range(rows_slot.shape[0]):
         if room[r] > 0:
             s = rows_slot[r]
-            tok, prv, tab = view(index, s)
+            tok, prv, tab = view(arena, s)
             _index_to(tok, prv, tab, cols, s, cols[s, COPIED], min_ngram, max_ngram)
 
 
@@ -413,17 +421,16 @@ def stale_rows(rows_slot, num_tokens, token_ids, cols, stale):
 
 
 @njit(cache=True)
-def room_and_growth(rows, cols, at, limits, new_tokens, new_table):
+def room_and_growth(rows, cols, at, k, max_model_len, grams, new_tokens, new_table):
     """Writes room[r] (in rows): the most tokens row r's chain may hold (0: a prefill chunk or a step vLLM
     discarded); new_tokens[r], new_table[r]: the capacities row r's slot must grow to before `advance`
     writes it (0: big enough), which Slots.reserve allocates. Returns (decode rows, rows whose slot must grow).
 
-    limits = (k, max_model_len, grams). The growth rule is TokenIndex's (index.kernels.grown_tokens, grown_table):
-    the tokens grow for n + 1 once n outgrows them; a drafting row's table for used + (tokens not yet indexed) * grams
-    slots, what indexing them adds at most.
+    k: the longest chain; grams: the gram lengths indexed (max_ngram - min_ngram + 1). The growth rule is
+    TokenIndex's (index.kernels.grown_tokens, grown_table): the tokens grow for n + 1 once n outgrows them; a
+    drafting row's table for used + (tokens not yet indexed) * grams slots, what indexing them adds at most.
     """
-    rows_slot, num_tokens, num_sampled, _, _, room, _ = rows
-    k, max_model_len, grams = limits
+    rows_slot, num_tokens, num_sampled, room = rows[ROWS_SLOT], rows[ROWS_NUM_TOKENS], rows[ROWS_NUM_SAMPLED], rows[ROWS_ROOM]
     decode = 0
     grows = 0
     for r in range(rows_slot.shape[0]):
@@ -472,7 +479,7 @@ def count_drafts(status, verified, theirs, num_sampled, counts, per_pos):
 def commit(rows_slot, num_tokens, sizes, out, slots):
     """Records each drafted row's plan (Request.commit): its chain (out's), the `sizes[r]` tokens of it sent.
     Returns (tokens drafted, tokens sent) over the rows."""
-    out_ids, out_len, out_match = out[0], out[1], out[2]
+    out_ids, out_len, out_match = out[OUT_IDS], out[OUT_LEN], out[OUT_MATCH]
     drafted = 0
     sent = 0
     for r in range(rows_slot.shape[0]):

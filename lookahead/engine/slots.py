@@ -9,6 +9,7 @@ import numpy as np
 
 from lookahead.engine import kernels
 from lookahead.engine.arena import IndexArena
+from lookahead.engine.groups import slots_group
 from lookahead.engine.kernels import CHANCE_SCALE, COPIED, DOC, FIRST_TOKEN, LAST_CHANCE, LAST_TOKEN, NUM_COLS, PLAN_LEN, PROMPT_LEN, USED
 from lookahead.index.kernels import grown_table  # a slot's index grows as a TokenIndex does
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
@@ -59,7 +60,7 @@ class Slots:
             self.index.grow_entries(slots)
         self._free.extend(range(slots - 1, old - 1, -1))
         self.capacity = slots
-        self._state = (self.cols, self.keep, self.overall, self.plan_ids, self.watch, self.watch_ids)
+        self._state = self._group()
 
     def widen(self, num_draft_tokens: int) -> None:
         """Room for chains of `num_draft_tokens` tokens (plan_ids' and watch_ids' width)."""
@@ -70,10 +71,14 @@ class Slots:
                 wider[..., : self.k] = array
                 setattr(self, name, wider)
             self.k = num_draft_tokens
-            self._state = (self.cols, self.keep, self.overall, self.plan_ids, self.watch, self.watch_ids)
+            self._state = self._group()
+
+    def _group(self) -> tuple:
+        return slots_group(cols=self.cols, keep=self.keep, overall=self.overall, plan_ids=self.plan_ids, watch=self.watch,
+                           watch_ids=self.watch_ids)
 
     def state(self) -> tuple:
-        """The kernels' `slots` group: (cols, keep, overall, plan_ids, watch, watch_ids), until the slots next grow."""
+        """The kernels' `slots` group (engine.groups), until the slots next grow."""
         return self._state
 
     def allocate(self, prompt_len: int, doc: int, first_token: int, tokens: int = 0) -> int:
@@ -108,7 +113,7 @@ class Slots:
 
     def index_rows(self, rows_slot: np.ndarray, room: np.ndarray) -> None:
         """kernels.index_rows over these slots (the arrays passed are held by the call until it returns)."""
-        kernels.index_rows(rows_slot, room, self.cols, self.index.arrays(), (self.min_ngram, self.max_ngram))
+        kernels.index_rows(rows_slot, room, self.cols, self.index.arrays(), self.min_ngram, self.max_ngram)
 
     def reserve(self, slots: np.ndarray, new_tokens: np.ndarray, new_table: np.ndarray) -> None:
         """Grows row r's slot, slots[r], to new_tokens[r] tokens and a table of new_table[r] slots (0: as it is):

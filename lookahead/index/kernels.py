@@ -1,7 +1,8 @@
 """Numba kernels of the token index: module-level, arrays and scalars in, counts out.
 
-The index reaches a kernel as one plain tuple, `index = (tokens, prev, table, n, min_ngram,
-max_ngram)` (the fields of `IndexBuffers`; owned and grown by `TokenIndex`):
+The index reaches a kernel as one plain tuple, `index_group(tokens=, prev=, table=, n=, min_ngram=,
+max_ngram=)` (the fields of `IndexBuffers`; owned and grown by `TokenIndex`), each field read by its
+constant (`index[INDEX_N]`):
 
     tokens  int32[cap_tokens]  # tokens[pos] = token id at position pos; valid for pos < n
     prev    int32[cap_tokens]  # prev[end] = previous end of the min_ngram-gram ending at end (-1: none); for end <= n - 2
@@ -9,7 +10,8 @@ max_ngram)` (the fields of `IndexBuffers`; owned and grown by `TokenIndex`):
     n, min_ngram, max_ngram    # tokens held; the gram lengths indexed
 
 A plain tuple, not the NamedTuple: numba types a plain tuple of arrays from a cached
-fingerprint, a NamedTuple through Python (about 0.5 us more a call).
+fingerprint, a NamedTuple through Python (about 0.5 us more a call); a tuple index that is a
+module-level int is resolved when the kernel compiles.
 
 Invariant: for every ngram length `g` in [min_ngram, max_ngram] and every end position
 `e <= n - 2` with `e >= g - 1`, the table holds exactly one slot for the g-gram
@@ -30,10 +32,17 @@ MAX_NGRAM = 1 << NGRAM_BITS
 MAX_POSITIONS = 1 << (31 - NGRAM_BITS)  # 134M tokens: end_pos must fit in the remaining bits
 GROWTH = 1.5  # not 2: keeps the worst-case bytes per token under TokenIndex's documented bound
 MAX_LOAD = 0.82  # table slots used / slots, at most (past it, the table grows)
+INDEX_TOKENS, INDEX_PREV, INDEX_TABLE, INDEX_N, INDEX_MIN_NGRAM, INDEX_MAX_NGRAM = range(6)  # the index tuple's fields
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _FINAL = np.uint64(0xFF51AFD7ED558CCD)
+
+
+@njit(cache=True, inline="always")
+def index_group(tokens, prev, table, n, min_ngram, max_ngram):
+    """The kernels' index tuple, in its constants' order: called with every field named (in Python, `.py_func`)."""
+    return (tokens, prev, table, n, min_ngram, max_ngram)
 
 
 @njit(cache=True, inline="always")
@@ -116,7 +125,8 @@ def index_ends(index, start, stop):
     min_ngram-gram ending at `end` (-1 if none).
     Cost: O((stop - start) * max_ngram) hashing plus one probe sequence per gram.
     """
-    tokens, prev, table, _, min_ngram, max_ngram = index
+    tokens, prev, table = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_TABLE]
+    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
     added = 0
     for end in range(start, stop):
         prev[end] = -1
@@ -179,7 +189,8 @@ def match_ends(index, query, query_len, ends):
     n - 1 are not in the table, so every occurrence found is an earlier one.
     Cost: O(max_ngram) probe sequences of O(max_ngram) comparisons; independent of n.
     """
-    tokens, _, table, _, min_ngram, max_ngram = index
+    tokens, table = index[INDEX_TOKENS], index[INDEX_TABLE]
+    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
     for g in range(ends.shape[0]):
         ends[g] = -1
     query_end = query_len - 1
@@ -215,7 +226,7 @@ def warm_up() -> int:
     n = tokens.shape[0]
     prev = np.zeros(n, dtype=np.int32)
     table = np.full(64, EMPTY, dtype=np.int32)
-    index_ends((tokens, prev, table, n, 1, 4), 0, n - 1)
+    index_ends(index_group(tokens=tokens, prev=prev, table=table, n=n, min_ngram=1, max_ngram=4), 0, n - 1)
     bigger = np.full(128, EMPTY, dtype=np.int32)
     rehash(tokens, table, bigger)
     ends = np.zeros(5, dtype=np.int64)
@@ -223,4 +234,4 @@ def warm_up() -> int:
     first_invalid(tokens.astype(np.int64), 1)
     grown_tokens(n, n + 1)
     grown_table(table.shape[0], n)
-    return match_ends((tokens, prev, bigger, n, 1, 4), tokens, n, ends)
+    return match_ends(index_group(tokens=tokens, prev=prev, table=bigger, n=n, min_ngram=1, max_ngram=4), tokens, n, ends)

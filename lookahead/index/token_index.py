@@ -18,7 +18,8 @@ SEPARATOR = MAX_TOKEN_ID + 1  # ends a sequence (end_sequence): no query holds i
 
 
 class IndexBuffers(NamedTuple):
-    """The arrays the kernels read (layout in kernels.py; a kernel takes them as `tuple(buffers)`); read-only, stale after the next mutation."""
+    """The arrays the kernels read (layout in kernels.py, its fields in INDEX_*'s order: a kernel takes them as
+    `tuple(buffers)`); read-only, stale after the next mutation."""
 
     tokens: np.ndarray  # (cap_tokens,) int32; valid below n
     prev: np.ndarray  # (cap_tokens,) int32
@@ -98,11 +99,13 @@ class TokenIndex:
 
         Kernels take them as a plain tuple, `tuple(index.buffers())` (see kernels.py).
         """
-        return IndexBuffers(self._tokens, self._prev, self._table, self._n, self.min_ngram, self.max_ngram)
+        return IndexBuffers(tokens=self._tokens, prev=self._prev, table=self._table, n=self._n, min_ngram=self.min_ngram,
+                            max_ngram=self.max_ngram)
 
     def _arrays(self) -> tuple:
         # buffers() as the plain tuple the kernels take; stale once a buffer is replaced
-        return self._tokens, self._prev, self._table, self._n, self.min_ngram, self.max_ngram
+        return kernels.index_group.py_func(tokens=self._tokens, prev=self._prev, table=self._table, n=self._n,
+                                           min_ngram=self.min_ngram, max_ngram=self.max_ngram)
 
     @property
     def nbytes(self) -> int:

@@ -7,8 +7,9 @@ import pytest
 
 from lookahead.engine import kernels
 from lookahead.engine.arena import TABLE_CAP, TOKEN_CAP, IndexArena
+from lookahead.engine.groups import ROWS_SLOT
 from lookahead.index import TokenIndex
-from lookahead.index.kernels import index_ends, match_ends
+from lookahead.index.kernels import index_ends, index_group, match_ends
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -40,7 +41,8 @@ def test_entries_answer_as_their_own_indexes_through_growth_compaction_and_free(
             used[e] = arena.resize(e, max(token_cap, n), table_cap, copied=len(tokens), used=used[e])
             view_tokens, prev, table = kernels.view(arena.arrays(), e)
             view_tokens[len(tokens) : n] = new
-            used[e] += index_ends((view_tokens, prev, table, n, 1, 8), max(len(tokens) - 1, 0), n - 1)
+            index = index_group.py_func(tokens=view_tokens, prev=prev, table=table, n=n, min_ngram=1, max_ngram=8)
+            used[e] += index_ends(index, max(len(tokens) - 1, 0), n - 1)
             tokens.extend(new)
         peak_tokens, peak_table = max(peak_tokens, arena.live_tokens), max(peak_table, arena.live_table)
         assert arena.tokens.shape[0] <= 4 * peak_tokens and arena.table.shape[0] <= 4 * peak_table
@@ -50,7 +52,8 @@ def test_entries_answer_as_their_own_indexes_through_growth_compaction_and_free(
             reference = TokenIndex(min_ngram=1, max_ngram=8)
             reference.extend(tokens)
             ends = np.zeros(17, dtype=np.int64)
-            index = (*kernels.view(arena.arrays(), e), len(tokens), 1, 8)
+            view_tokens, prev, table = kernels.view(arena.arrays(), e)
+            index = index_group.py_func(tokens=view_tokens, prev=prev, table=table, n=len(tokens), min_ngram=1, max_ngram=8)
             query = np.asarray(tokens, dtype=np.int32)
             assert match_ends(index, query, len(tokens), ends) == reference.longest_match()[0]
             assert arena.tokens_of(e, len(tokens)).tolist() == tokens
@@ -79,6 +82,8 @@ def test_a_kernel_refuses_to_write_past_a_slots_region():
     batch.advance(bar=-1.0, force=True)
     batch.slots.free(slot)
     slot = batch.start("b", np.array([1, 2, 3]), 1, 3)  # a fresh slot of 4 tokens, and the step's rows as begin left them
-    batch._step_rows = (np.array([slot]), *batch._step_rows[1:])
+    rows = list(batch._step_rows)
+    rows[ROWS_SLOT] = np.array([slot])
+    batch._step_rows = tuple(rows)
     with pytest.raises(IndexError, match="Slots.reserve"):
         batch.advance(bar=-1.0, force=True)
