@@ -8,7 +8,7 @@ import numpy as np
 
 from lookahead.drafter import LookupDrafter
 from lookahead.engine import kernels
-from lookahead.index.kernels import MAX_NGRAM
+from lookahead.index.kernels import MAX_NGRAM, count_continuations
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
 from lookahead.request import Request
 from lookahead.sizing.cost import LineCost
@@ -288,9 +288,9 @@ class ReferenceProposer:
             counts, ends, grams = np.zeros(len(chain) + 1, dtype=np.int64), np.zeros(MAX_NGRAM + 1, dtype=np.int64), request.drafter.max_ngram
             index = request.drafter.index.buffers()
             m, path = min(max(chain.match_len, 1), grams), chain.token_ids.astype(np.int64)
-            kernels.count_continuations(index, index.tokens[: index.n], m, path, len(chain), kernels.REACH, ends, counts)
+            count_continuations(index, index.tokens[: index.n], m, path, len(chain), kernels.REACH, ends, counts)
             with self.memory.reading() as memory:
-                kernels.count_continuations(memory, index.tokens[max(0, index.n - grams) : index.n], m, path, len(chain),
+                count_continuations(memory, index.tokens[max(0, index.n - grams) : index.n], m, path, len(chain),
                                             kernels.REACH, ends, counts)
             out = np.zeros(len(chain))
             kernels.token_chances(counts, len(chain), request.keep_chance(chain), chain.match_len, out)

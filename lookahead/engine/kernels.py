@@ -26,7 +26,7 @@ from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TO
                                      SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, WORK_SCRATCH, WORK_TRIE)
 from lookahead.index import SEPARATOR
 from lookahead.index.kernels import (EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS, grown_table,
-                                      grown_tokens, index_ends, index_group, match_ends)
+                                      count_continuations, grown_tokens, index_ends, index_group)
 from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.trie import (TRIE_CHILD, TRIE_PARENT, TRIE_SIBLING, TRIE_TOKEN, TRIE_WEIGHT, add_longest_match,
                             add_suffix_candidates, heaviest_path)
@@ -60,7 +60,7 @@ MAX_WATCHED = 8  # rests watched per request; the oldest is dropped past this
 # chain's tokens (count_continuations over the request, its documents and memory: SuffixDecoding's frequency),
 # shrunk toward the request's keep rate by FREQ_PRIOR pseudo-occurrences, and how many occurrences and how long an
 # anchor back it, read through one logistic line. LINE was fitted to the kept tokens of Llama-3.1-8B-Instruct's
-# recorded outputs (benchmarks/token_chances.py prints the fit and the chances' calibration; notes/suffix-2026-12-07.md).
+# recorded outputs (benchmarks/token_chances.py prints the fit and the chances' calibration).
 REACH = 64  # occurrences of an anchor examined per store: O(REACH * (anchor + K)) a row
 FREQ_PRIOR = 2.0
 LINE = (-2.06, -0.47, 0.78, 0.35, 1.01)  # bias; weights of log(1 + depth), logit(frequency), log(1 + occurrences), log(1 + anchor)
@@ -241,33 +241,6 @@ def _learn(rows, slots, arena, out):
 
 
 @njit(cache=True)
-def count_continuations(index, query, m, path, length, reach, ends, counts):
-    """counts[0] += the occurrences of query's last m tokens among the `reach` most recent in the index
-    (each ending before the index's last token); counts[1 + j] += those of them followed by path[:j + 1].
-    `ends` (max_ngram + 1,) is scratch. Cost: O(max_ngram) probes and O(reach * (m + length))."""
-    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
-    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
-    if m < min_ngram or m > max_ngram or n < 2 or match_ends(index, query, query.shape[0], ends) < m:
-        return
-    end = ends[m]
-    walked = 0
-    while end >= 0 and walked < reach:  # the occurrences of the last min_ngram tokens, most recent first
-        same = end >= m - 1
-        i = 0
-        while same and i < m:
-            same = tokens[end - i] == query[query.shape[0] - 1 - i]
-            i += 1
-        if same:
-            counts[0] += 1
-            a = 0
-            while a < length and end + 1 + a < n and tokens[end + 1 + a] == path[a]:
-                counts[1 + a] += 1
-                a += 1
-        end = prev[end]
-        walked += 1
-
-
-@njit(cache=True)
 def token_chances(counts, length, chance, anchored, out):
     """out[j] (j < length): the chance that token j of a chain anchored on `anchored` tokens is kept, not rising
     with j. counts: count_continuations' (occurrences of the anchor, and those followed by the chain's first j + 1
@@ -346,12 +319,13 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
                               (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
                                cols[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
         count, match_len, substituted = scratch[0], scratch[1], scratch[2]
+        query = tok[max(0, n - max_ngram) : n]  # what the stores are asked for
+        d = cols[s, DOC]
+        has_document = d >= 0 and doc_n[d] > 0  # (its index tuple is built where read: slices of the arena, no copy)
         if match_len < max_ngram - 1:  # else no store's match can outweigh it
-            query = tok[max(0, n - max_ngram) : n]
-            d = cols[s, DOC]
-            if d >= 0 and doc_n[d] > 0:
-                document = _entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram)
-                add_longest_match(document, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
+            if has_document:
+                add_longest_match(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query,
+                                  (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
                 count, match_len = scratch[0], max(match_len, scratch[1])
             if has_memory and memory[INDEX_N] > 0:
                 add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
@@ -368,11 +342,9 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
             m = min(max(anchored, 1), max_ngram)
             path = out_ids[r]
             count_continuations(index, tok[:n], m, path, length, REACH, ends, found)
-            query = tok[max(0, n - max_ngram) : n]
-            d = cols[s, DOC]
-            if d >= 0 and doc_n[d] > 0:
-                count_continuations(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH, ends,
-                                    found)
+            if has_document:
+                count_continuations(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH,
+                                    ends, found)
             if has_memory and memory[INDEX_N] > 0:
                 count_continuations(memory, query, m, path, length, REACH, ends, found)
             token_chances(found, length, keep_chance(keep, overall, s, anchored), anchored, out_chance[r])

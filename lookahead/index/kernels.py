@@ -209,6 +209,28 @@ def match_ends(index, query, query_len, ends):
 
 
 @njit(cache=True)
+def count_continuations(index, query, m, path, length, reach, ends, counts):
+    """counts[0] += the occurrences of query's last m tokens among the `reach` most recent in the index
+    (each ending before the index's last token); counts[1 + j] += those of them followed by path[:j + 1].
+    `ends` (max_ngram + 1,) is scratch. Cost: O(max_ngram) probes and O(reach * (m + length))."""
+    tokens, prev, n = index[INDEX_TOKENS], index[INDEX_PREV], index[INDEX_N]
+    min_ngram, max_ngram = index[INDEX_MIN_NGRAM], index[INDEX_MAX_NGRAM]
+    if m < min_ngram or m > max_ngram or n < 2 or match_ends(index, query, query.shape[0], ends) < m:
+        return
+    end = ends[m]
+    walked = 0
+    while end >= 0 and walked < reach:  # the occurrences of the last min_ngram tokens, most recent first
+        if end >= m - 1 and _same_gram(tokens, end, query, query.shape[0] - 1, m):
+            counts[0] += 1
+            a = 0
+            while a < length and end + 1 + a < n and tokens[end + 1 + a] == path[a]:
+                counts[1 + a] += 1
+                a += 1
+        end = prev[end]
+        walked += 1
+
+
+@njit(cache=True)
 def first_invalid(ids, limit):
     """Index of the first id outside [0, limit), or -1."""
     for i in range(ids.shape[0]):
