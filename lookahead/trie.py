@@ -453,7 +453,7 @@ class DraftTrie:
         self._eos = np.zeros(0, dtype=np.int64)  # tokens no path runs into
         self._vocab_limit = NO_VOCAB_LIMIT  # nor into ids at or above this (the model's vocabulary size)
         self._arrays = ()  # the kernels' `trie` tuple (module docstring); rebuilt when a buffer, eos or vocab_limit changes
-        self._reserve(1024)
+        self.reserve(1024)
         self.clear()
 
     @property
@@ -493,6 +493,11 @@ class DraftTrie:
         """Gives the nodes created from node `since` on (len(self) + 1 before the call that added them) `origin`."""
         self._origin[since : self._count] = origin
 
+    def filled(self, count: int) -> None:
+        """Takes the node count, the root included, of a kernel that rebuilt the trie from its root through `arrays`
+        (engine.chain's)."""
+        self._count = count
+
     def origins(self, nodes: np.ndarray) -> np.ndarray:
         """(len(nodes),) int8: each node's origin (draft.SOURCES codes), a copy."""
         return self._origin[nodes]
@@ -506,7 +511,7 @@ class DraftTrie:
         """Adds the continuations source[start : start + num_draft_tokens], one per start (int64), with their weights (float64)."""
         if starts.shape[0] == 0 or num_draft_tokens <= 0:
             return
-        self._reserve(self._count + starts.shape[0] * num_draft_tokens)
+        self.reserve(self._count + starts.shape[0] * num_draft_tokens)
         self._count = add_paths(source, starts, weights, num_draft_tokens, self._arrays, self._count)
 
     def add_suffix_candidates(self, index: IndexBuffers, num_draft_tokens: int, *, walk: int, substitution_walk: int,
@@ -517,7 +522,7 @@ class DraftTrie:
         `source_len`: the index's first tokens that are the source (the prompt), 0 for none.
         Returns (longest match_len, longest substitution match_len); 0 where none.
         """
-        self._reserve(self._count + (walk + substitution_walk + 2) * max(num_draft_tokens, 0))
+        self.reserve(self._count + (walk + substitution_walk + 2) * max(num_draft_tokens, 0))
         options = (num_draft_tokens, match_base, walk, substitution_walk, substitution_scale, skip_scale, source_len,
                    first_reach, first_only)
         add_suffix_candidates(tuple(index), options, self._arrays, self._count, self._ends, self._out)
@@ -531,7 +536,7 @@ class DraftTrie:
 
         The continuation also stops before `stop_token` (a store's sequence separator).
         """
-        self._reserve(self._count + max(num_draft_tokens, 0))
+        self.reserve(self._count + max(num_draft_tokens, 0))
         options = (num_draft_tokens, match_base, scale, -1 if stop_token is None else stop_token)
         add_longest_match(tuple(index), query, options, self._arrays, self._count, self._ends, self._out)
         self._count = int(self._out[0])
@@ -568,7 +573,7 @@ class DraftTrie:
         weighing scale * its probability under the rank `chances` (see the kernel of that name)."""
         if budget <= 0 or max_depth <= 0 or ids.shape[0] == 0:
             return
-        self._reserve(self._count + budget)
+        self.reserve(self._count + budget)
         entries = budget * ids.shape[1] + ids.shape[1]
         if self._heap[0].shape[0] < entries:
             self._heap = (np.zeros(entries, dtype=np.float64),) + tuple(np.zeros(entries, dtype=np.int64) for _ in range(4))
@@ -605,7 +610,8 @@ class DraftTrie:
         return (self._token[nodes], slot[self._parent[nodes]], chances[:taken], estimates[:taken], nodes >= correction[0],
                 self._origin[nodes])
 
-    def _reserve(self, capacity: int) -> None:
+    def reserve(self, capacity: int) -> None:
+        """Room for `capacity` nodes, the root included (`arrays` is rebuilt where the buffers grow)."""
         if capacity <= self._token.shape[0]:
             return
         capacity = max(capacity, 2 * self._token.shape[0])

@@ -27,11 +27,12 @@ import numpy as np
 from lookahead.documents import DocumentLibrary
 from lookahead.engine import kernels
 from lookahead.engine.between_steps import BetweenSteps
+from lookahead.engine.chain import NO_STORE, lookup_nodes
 from lookahead.engine.documents import DocumentStores
 from lookahead.engine.groups import options_group, out_group, rows_group, work_group
 from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
-from lookahead.index import TokenIndex, as_id_set
+from lookahead.index import as_id_set
 from lookahead.index.kernels import MAX_NGRAM
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 from lookahead.policy import CHAIN_WALK
@@ -53,13 +54,16 @@ class Batch:
         memory: the TokenStore finished requests are filed into and drafts copy from (None: none).
         documents: the DocumentLibrary requests consult (each its prompt's selection).
         eos_token_id: id(s) no chain runs past (None: none).
+        vocab_size: the model's vocabulary size (None: unknown): no chain holds an id at or above it.
         min_tokens, min_table: a new slot's token and table capacities.
         thread: file and index between steps on a thread of the batch's own (False: at once, in `end_step`).
     """
 
     def __init__(self, *, rows: int, num_draft_tokens: int, max_model_len: int, min_ngram: int, max_ngram: int,
                  draft_factor: float, memory: TokenStore | None, documents: DocumentLibrary, eos_token_id=None,
-                 min_tokens: int = MIN_TOKENS, min_table: int = MIN_SLOTS, thread: bool = True):
+                 vocab_size: int | None = None, min_tokens: int = MIN_TOKENS, min_table: int = MIN_SLOTS, thread: bool = True):
+        if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
         self.k, self.max_model_len = num_draft_tokens, max_model_len
         self.memory = memory
         self.slots = Slots(2 * rows, num_draft_tokens, min_ngram, max_ngram, min_tokens=min_tokens, min_table=min_table)
@@ -70,15 +74,14 @@ class Batch:
         self._finished: list = []  # the step's finished requests' tokens, filed after its drafts
         self._pending = 0  # tokens of the step's rows with room left unindexed (advance's count)
         self._step_rows: tuple = ()  # the step's per-row group (begin)
-        nodes = 1 + (CHAIN_WALK[0] + CHAIN_WALK[1] + 4) * num_draft_tokens  # add_suffix_candidates' bound, and 2 stores
+        nodes = lookup_nodes(num_draft_tokens, *CHAIN_WALK)
         eos = np.fromiter(sorted(as_id_set(eos_token_id)), dtype=np.int64)
         trie = trie_group(token=np.zeros(nodes, np.int64), parent=np.zeros(nodes, np.int64), weight=np.zeros(nodes, np.float64),
                           child=np.zeros(nodes, np.int64), sibling=np.zeros(nodes, np.int64), eos=eos,
-                          vocab_limit=NO_VOCAB_LIMIT, origin=np.zeros(nodes, np.int8))  # (node,) trie.py's layout
+                          vocab_limit=NO_VOCAB_LIMIT if vocab_size is None else int(vocab_size),
+                          origin=np.zeros(nodes, np.int8))  # (node,) trie.py's layout
         self._work = work_group(trie=trie, ends=np.zeros(MAX_NGRAM + 1, dtype=np.int64), scratch=np.zeros(3, dtype=np.int64))
-        self._no_memory = tuple(TokenIndex(min_ngram=min_ngram, max_ngram=max_ngram).buffers())  # an empty index
-        self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor),
-                                      has_memory=memory is not None)
+        self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor))
         self._grams = max_ngram - min_ngram + 1  # gram lengths indexed (room_and_growth's)
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
@@ -99,6 +102,7 @@ class Batch:
         self._rows = rows = max(rows, 2 * self._rows)
         k = self.k
         self.out_ids = np.zeros((rows, k), dtype=np.int64)  # (row, K) the chain drafted
+        self.out_origin = np.zeros((rows, k), dtype=np.int8)  # (row, K) its tokens' sources (lookahead.draft's codes)
         self.out_len = np.zeros(rows, dtype=np.int64)  # (row,) its length
         self.out_match = np.zeros(rows, dtype=np.int64)  # (row,) its anchor's length
         self.out_chance = np.zeros((rows, k), dtype=np.float64)  # (row, K) the chance each of its tokens is kept
@@ -111,7 +115,7 @@ class Batch:
         self._new_table = np.zeros(rows, dtype=np.int64)  # (row,) its slot's table capacity to grow to (0: none)
         self._ours = np.zeros(rows, dtype=np.int64)  # (row,) tokens of our last draft the step verified (`verified`)
         self._theirs = np.zeros(rows, dtype=np.int64)  # (row,) tokens of another's draft it verified
-        self._out = out_group(ids=self.out_ids, len=self.out_len, match=self.out_match, chance=self.out_chance,
+        self._out = out_group(ids=self.out_ids, origin=self.out_origin, len=self.out_len, match=self.out_match, chance=self.out_chance,
                               status=self.out_status, counts=self.counts, per_pos=self.per_pos, count=self.out_count)
 
     # -- requests, by the caller's key -----------------------------------------------------------
@@ -272,10 +276,11 @@ class Batch:
 
     def advance(self, *, bar: float, force: bool) -> tuple[bool, bool]:
         """kernels.advance over the rows `begin` took: rows whose chance cannot clear `bar` are not drafted, unless
-        `force`. Returns (whether any row drafted, whether any count is not 0); the chains are out_ids[r, :out_len[r]]."""
+        `force`. Returns (whether any row drafted, whether any count is not 0); the chains are out_ids[r, :out_len[r]],
+        their tokens' sources out_origin[r, :out_len[r]]."""
         s, memory = self.slots, self.memory
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
-        with memory.reading() if memory is not None else contextlib.nullcontext(self._no_memory) as memory_index:
+        with memory.reading() if memory is not None else contextlib.nullcontext(NO_STORE) as memory_index:
             drafting, counted, self._pending = kernels.advance(self._step_rows, s.state(), s.index.arrays(),
                                                                self.document_stores.arrays(), memory_index,
                                                                self._options, bar, force, self._work, self._out)

@@ -7,7 +7,7 @@ constant there (`rows[ROWS_NUM_TOKENS]`); the slots' token indexes are an arena'
 
 `advance` runs, for each row of a step, what `lookahead.request.Request` does for one request
 (the keep rate learns from the tokens the step wrote, the index takes the new tokens, the chain is
-drafted as `LookupDrafter.propose` drafts it, through the same index and trie kernels);
+drafted by the kernel `LookupDrafter.propose` calls, engine.chain.draft_chain);
 sizing.rules.batch_sizes then cuts the chains to the load rule and `commit` records the plans.
 tests/engine/test_batch.py checks both against the Python classes they follow.
 """
@@ -16,26 +16,24 @@ import math
 
 from numba import njit
 
-from lookahead.policy import CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
+from lookahead.policy import CHAIN_WALK, FIRST_REACH
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
+from lookahead.engine.chain import draft_chain
 from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TOKENS, DOCS_ARENA, DOCS_N,
-                                     OPTIONS_DRAFT_FACTOR, OPTIONS_HAS_MEMORY, OPTIONS_MAX_NGRAM, OPTIONS_MIN_NGRAM,
-                                     OUT_CHANCE, OUT_COUNT, OUT_COUNTS, OUT_IDS, OUT_LEN, OUT_MATCH, OUT_PER_POS,
+                                     OPTIONS_DRAFT_FACTOR, OPTIONS_MAX_NGRAM, OPTIONS_MIN_NGRAM,
+                                     OUT_CHANCE, OUT_COUNT, OUT_COUNTS, OUT_IDS, OUT_LEN, OUT_MATCH, OUT_ORIGIN, OUT_PER_POS,
                                      OUT_STATUS, ROWS_NUM_SAMPLED, ROWS_NUM_TOKENS, ROWS_ROOM, ROWS_SLOT, ROWS_THEIRS,
                                      ROWS_TOKEN_IDS, ROWS_VERIFIED, SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL,
-                                     SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, WORK_SCRATCH, WORK_TRIE)
-from lookahead.index import SEPARATOR
-from lookahead.index.kernels import (EMPTY, INDEX_MAX_NGRAM, INDEX_MIN_NGRAM, INDEX_N, INDEX_PREV, INDEX_TOKENS, grown_table,
-                                      count_continuations, grown_tokens, index_ends, index_group)
+                                     SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, lookup_group,
+                                     stores_group)
+from lookahead.index.kernels import INDEX_N, count_continuations, grown_table, grown_tokens, index_ends, index_group
 from lookahead.sizing.rules import MAX_CHANCE
-from lookahead.trie import (TRIE_CHILD, TRIE_PARENT, TRIE_SIBLING, TRIE_TOKEN, TRIE_WEIGHT, add_longest_match,
-                            add_suffix_candidates, heaviest_path)
 
 # columns of slots' cols
 COPIED = 0  # tokens copied from the row: the slot's tokens[:COPIED]
 INDEXED = 1  # of those, indexed (lazily: when the row drafts, or between steps: index_rows)
 USED = 2  # table slots used
-PROMPT_LEN = 3  # the source of the first-occurrence rule (LookupDrafter._fill_trie)
+PROMPT_LEN = 3  # the source of the first-occurrence rule (trie.add_suffix_candidates)
 DOC = 4  # the request's documents store (an entry of docs); -1: none
 FIRST_TOKEN = 5  # the first and last copied tokens, for the reused-id check (stale_rows); -1: none
 LAST_TOKEN = 6
@@ -273,21 +271,23 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     Then each row with room[r] > 0 whose last chain's first token had a chance above `bar` / GATE
     (the load rule's first bar: below it the rule takes no token of the row; a new request's
     first step always drafts), or every such row with `force`, has its index take the tokens not
-    yet indexed and drafts the chain of at most
-    room[r] tokens LookupDrafter.propose drafts: out_ids[r, :out_len[r]], anchored on
-    out_match[r] tokens, its token j kept with chance out_chance[r, j] (token_chances; the anchor's
-    occurrences and those its tokens followed in out_count[r]). Returns (whether any row
-    drafted, whether any count is not 0, tokens of rows with room left unindexed: index_rows').
-    memory: the shared store's index tuple (index/kernels.py); arena: the slots' indexes (entry s =
-    slot s); the other groups are engine.groups'. The caller has grown every extended slot's regions
+    yet indexed and drafts its chain of at most room[r] tokens with engine.chain.draft_chain, the
+    kernel LookupDrafter.propose calls (the slot's index and prompt, its documents store, memory;
+    policy.CHAIN_WALK and FIRST_REACH): out_ids[r, :out_len[r]], their sources out_origin[r],
+    anchored on out_match[r] tokens, its token j kept with chance out_chance[r, j] (token_chances;
+    the anchor's occurrences and those its tokens followed, in the request, its documents and
+    memory, in out_count[r]). Returns (whether any row drafted, whether any count is not 0, tokens
+    of rows with room left unindexed: index_rows').
+    memory: the shared store's index tuple (index/kernels.py; holding no token where there is
+    none); arena: the slots' indexes (entry s = slot s); the other groups are engine.groups'. The caller has grown every extended slot's regions
     for its new tokens (room_and_growth, Slots.reserve).
     """
     min_ngram, max_ngram = options[OPTIONS_MIN_NGRAM], options[OPTIONS_MAX_NGRAM]
-    draft_factor, has_memory = options[OPTIONS_DRAFT_FACTOR], options[OPTIONS_HAS_MEMORY]
+    draft_factor = options[OPTIONS_DRAFT_FACTOR]
     rows_slot, num_tokens, room = rows[ROWS_SLOT], rows[ROWS_NUM_TOKENS], rows[ROWS_ROOM]
     cols, keep, overall = slots[SLOTS_COLS], slots[SLOTS_KEEP], slots[SLOTS_OVERALL]
-    trie, ends, scratch = work[WORK_TRIE], work[WORK_ENDS], work[WORK_SCRATCH]
-    out_ids, out_len, out_match, out_chance = out[OUT_IDS], out[OUT_LEN], out[OUT_MATCH], out[OUT_CHANCE]
+    ends = work[WORK_ENDS]
+    out_ids, out_origin, out_len, out_match, out_chance = out[OUT_IDS], out[OUT_ORIGIN], out[OUT_LEN], out[OUT_MATCH], out[OUT_CHANCE]
     out_count = out[OUT_COUNT]
     num_rows = rows_slot.shape[0]
     out_len[:num_rows] = 0
@@ -298,8 +298,6 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
         return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
-    token, parent, weight = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_WEIGHT]
-    child, sibling = trie[TRIE_CHILD], trie[TRIE_SIBLING]
     doc_arena, doc_n = docs[DOCS_ARENA], docs[DOCS_N]
     for r in range(num_rows):
         s = rows_slot[r]
@@ -313,27 +311,13 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
         tok, prv, tab = view(arena, s)
         _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
         index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
-        # LookupDrafter._fill_trie(limit, *chain_walk, first_only=True), then the heaviest path
-        token[0], parent[0], weight[0], child[0], sibling[0] = -1, -1, 0.0, EMPTY, EMPTY
-        add_suffix_candidates(index,
-                              (limit, MATCH_BASE, CHAIN_WALK[0], CHAIN_WALK[1], SUBSTITUTION_SCALE, SKIP_SCALE,
-                               cols[s, PROMPT_LEN], FIRST_REACH, True), trie, 1, ends, scratch)
-        count, match_len, substituted = scratch[0], scratch[1], scratch[2]
-        query = tok[max(0, n - max_ngram) : n]  # what the stores are asked for
-        d = cols[s, DOC]
-        has_document = d >= 0 and doc_n[d] > 0  # (its index tuple is built where read: slices of the arena, no copy)
-        if match_len < max_ngram - 1:  # else no store's match can outweigh it
-            if has_document:
-                add_longest_match(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query,
-                                  (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
-                count, match_len = scratch[0], max(match_len, scratch[1])
-            if has_memory and memory[INDEX_N] > 0:
-                add_longest_match(memory, query, (limit, MATCH_BASE, STORE_SCALE, SEPARATOR), trie, count, ends, scratch)
-                count, match_len = scratch[0], max(match_len, scratch[1])
-        anchored = max(match_len, substituted) if count > 1 else 0
-        length = heaviest_path(trie, min(limit, math.ceil(draft_factor * anchored)), 0, out_ids[r])  # its nodes
-        for i in range(length):
-            out_ids[r, i] = token[out_ids[r, i]]  # the nodes' tokens
+        d = cols[s, DOC]  # the documents store's index tuple; none (d = -1): the slot's entry read as empty (n = 0)
+        documents = (_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram) if d >= 0
+                     else _entry_index(arena, s, 0, min_ngram, max_ngram))
+        lookup = lookup_group(num_draft_tokens=limit, prompt_len=cols[s, PROMPT_LEN], walk=CHAIN_WALK[0],
+                              substitution_walk=CHAIN_WALK[1], first_reach=FIRST_REACH, first_only=True, draft_factor=draft_factor)
+        length, anchored = draft_chain(index, stores_group(documents=documents, memory=memory), lookup, work, out_ids[r],
+                                       out_origin[r])
         out_len[r] = length
         out_match[r] = anchored
         if length:
@@ -342,10 +326,10 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
             m = min(max(anchored, 1), max_ngram)
             path = out_ids[r]
             count_continuations(index, tok[:n], m, path, length, REACH, ends, found)
-            if has_document:
-                count_continuations(_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram), query, m, path, length, REACH,
-                                    ends, found)
-            if has_memory and memory[INDEX_N] > 0:
+            query = tok[max(0, n - max_ngram) : n]  # what the stores were asked for
+            if documents[INDEX_N] > 0:
+                count_continuations(documents, query, m, path, length, REACH, ends, found)
+            if memory[INDEX_N] > 0:
                 count_continuations(memory, query, m, path, length, REACH, ends, found)
             token_chances(found, length, keep_chance(keep, overall, s, anchored), anchored, out_chance[r])
             cols[s, LAST_CHANCE] = int(out_chance[r, 0] * CHANCE_SCALE)

@@ -9,7 +9,11 @@ from lookahead import trie
 from lookahead.engine import groups
 from lookahead.index import IndexBuffers, kernels
 
-BUILDERS = [(groups, getattr(groups, name)) for name in dir(groups) if name.endswith("_group")] + [
+def _python(builder):  # an njit builder (the groups kernels build themselves) through its Python function
+    return getattr(builder, "py_func", builder)
+
+
+BUILDERS = [(groups, _python(getattr(groups, name))) for name in dir(groups) if name.endswith("_group")] + [
     (trie, trie.trie_group), (kernels, kernels.index_group.py_func)]
 
 
