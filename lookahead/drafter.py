@@ -2,17 +2,18 @@
 
 import math
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
 from lookahead.documents import DocumentLibrary
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, DOCUMENTS, EMPTY_DRAFT, MEMORY, Draft, DraftStats
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
+from lookahead.engine.chain import NO_STORE, add_lookup_candidates, draft_chain, lookup_nodes
+from lookahead.engine.groups import lookup_group, stores_group, work_group
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
-from lookahead.policy import (  # (the candidates' weights and walks: one definition, shared with the engine's chains)
-    CHAIN_WALK, FIRST_REACH, MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE, TREE_WALK,
-)
+from lookahead.index.kernels import MAX_NGRAM
+from lookahead.policy import CHAIN_WALK, FIRST_REACH, TREE_WALK  # the walks (shared with the engine's chains)
 from lookahead.predictions import LeadChances, PredictionTable, RankChances, TreeChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
@@ -162,6 +163,10 @@ class LookupDrafter(metaclass=_DrafterType):
         self.tree_chances = TreeChances()  # learnt across requests (_likeliest_tree)
         self._read_table = predictions is not None  # the last draft read the table: extend counts ranks (until a plain chain)
         self._trie = DraftTrie()  # rebuilt by every propose
+        self._chain_ids = np.zeros(num_draft_tokens, dtype=np.int64)  # (num_draft_tokens,) a plain chain's path: nodes, then ids
+        self._chain_origins = np.zeros(num_draft_tokens, dtype=np.int8)  # (num_draft_tokens,) its tokens' sources
+        self._ends = np.zeros(MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) engine.chain's scratch: match_ends'
+        self._scratch = np.zeros(3, dtype=np.int64)  # (3,) and its results (engine.groups' work group)
         self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
         self._tree_match_len: int | None = None  # the trie holds a tree's candidates (_grow_tree), anchored this long
         self.eos_option = as_id_set(eos_token_id)  # as constructed; a generate call adds its own EOS
@@ -336,7 +341,8 @@ class LookupDrafter(metaclass=_DrafterType):
         Anchored on an m-token match, at most ceil(draft_factor * m) tokens. `hedged`: from a tree's
         candidates (propose_tree's), so that a tree step searches once.
         """
-        # The chain is the heaviest path of the candidate trie (see `_fill_trie`): where
+        # The chain is the heaviest path of the candidate trie (see `_fill_trie`; engine.chain.draft_chain
+        # drafts a plain one in one kernel call, the same kernel the engine's rows call): where
         # the longest match occurs only in the prompt, what followed its first occurrence
         # there (unless a document or memory matches 2+ tokens longer); otherwise, where
         # candidates disagree, the continuation of longer and more frequent matches wins,
@@ -355,6 +361,8 @@ class LookupDrafter(metaclass=_DrafterType):
                 self._trie.clear()
                 self._tree_match_len = 0
             return EMPTY_DRAFT
+        if not hedged and self.lookup and not self._reads_predictions(tree=False):
+            return self._chain(limit)
         match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged,
                                     predicted=PREDICTION_TREE_NODES if hedged else PREDICTION_CHAIN_NODES)
         if hedged:
@@ -365,6 +373,32 @@ class LookupDrafter(metaclass=_DrafterType):
         else:
             nodes = nodes[: math.ceil(self.draft_factor * match_len)]
         return Draft.chain(self._trie.path_tokens(nodes), match_len, self._trie.origins(nodes)) if nodes.shape[0] else EMPTY_DRAFT
+
+    def _chain(self, limit: int) -> Draft:
+        """propose's plain chain of at most `limit` tokens (lookup's alone: it reads no prediction table)."""
+        if self._chain_ids.shape[0] < limit:
+            self._chain_ids, self._chain_origins = np.zeros(limit, dtype=np.int64), np.zeros(limit, dtype=np.int8)
+        length, match_len = self._lookup(draft_chain, limit, *self.chain_walk, True, self._chain_ids, self._chain_origins)
+        self._read_table = False
+        if not length:
+            return EMPTY_DRAFT
+        return Draft.chain(self._chain_ids[:length].copy(), match_len, self._chain_origins[:length].copy())
+
+    def _lookup(self, kernel, num_draft_tokens: int, walk: int, substitution_walk: int, first_only: bool, *out):
+        """Calls one of engine.chain's kernels (draft_chain, add_lookup_candidates) on this request's index and
+        stores (their locks held: the documents store's, then memory's), into the trie; returns what it returns."""
+        trie = self._trie
+        trie.reserve(lookup_nodes(num_draft_tokens, walk, substitution_walk))
+        lookup = lookup_group.py_func(num_draft_tokens=num_draft_tokens, prompt_len=self._prompt_len, walk=walk,
+                                      substitution_walk=substitution_walk, first_reach=self.first_reach, first_only=first_only,
+                                      draft_factor=self.draft_factor)
+        work = work_group(trie=trie.arrays, ends=self._ends, scratch=self._scratch)
+        with _reading(self._document_store) as documents, _reading(self.memory) as memory:
+            result = kernel(tuple(self.index.buffers()), stores_group.py_func(documents=documents, memory=memory), lookup,
+                            work, *out)
+        trie.filled(int(self._scratch[0]))
+        self._lookup_nodes = len(trie) + 1
+        return result
 
     def propose_tree(self, num_draft_tokens: int | None = None, *, max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> Draft:
         """Drafts a tree of at most `max_tree_nodes` nodes, branches up to `num_draft_tokens` deep (parents first)."""
@@ -421,7 +455,8 @@ class LookupDrafter(metaclass=_DrafterType):
     def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool, predicted: int) -> int:
         """Rebuilds the candidate trie; returns the longest match_len anchoring a lookup candidate (0: none).
 
-        Candidates are what followed, up to `num_draft_tokens` tokens:
+        Lookup's candidates are engine.chain.add_lookup_candidates' (the kernel a plain chain's draft_chain
+        calls: `_chain`), the table's are added here. Candidates are what followed, up to `num_draft_tokens` tokens:
         - where the longest match occurs only in the prompt (the model is copying it),
           its first occurrence there (found among the `first_reach` most recent
           occurrences of the last token), weighted MATCH_BASE ** match_len, added
@@ -450,26 +485,13 @@ class LookupDrafter(metaclass=_DrafterType):
         the copied token sits in the request, DOCUMENTS, MEMORY, PREDICTIONS.
         """
         trie = self._trie
-        trie.clear()
-        match_len = substituted = 0
         if self.lookup:
-            match_len, substituted = trie.add_suffix_candidates(
-                self.index.buffers(), num_draft_tokens, walk=walk, substitution_walk=substitution_walk,
-                match_base=MATCH_BASE, substitution_scale=SUBSTITUTION_SCALE, skip_scale=SKIP_SCALE,
-                source_len=self._prompt_len, first_reach=self.first_reach, first_only=first_only,
-            )
-            if match_len < self.max_ngram - 1:  # else no store's match can outweigh it
-                recent = self.index.tokens[-self.max_ngram :]  # the suffix a store matches (a view)
-                for store, origin in ((self._document_store, DOCUMENTS), (self.memory, MEMORY)):
-                    if store is not None and len(store):
-                        since = len(trie) + 1
-                        store_len = store.add_continuation(trie, recent, num_draft_tokens, match_base=MATCH_BASE, scale=STORE_SCALE)
-                        trie.label(since, origin)
-                        match_len = max(match_len, store_len)
-        looked_up = max(match_len, substituted) if len(trie) else 0
-        self._lookup_nodes = len(trie) + 1
+            looked_up = self._lookup(add_lookup_candidates, num_draft_tokens, walk, substitution_walk, first_only)
+        else:
+            trie.clear()
+            looked_up, self._lookup_nodes = 0, 1
         self._read_table = self.predictions is not None and predicted > 0 and len(self.index) > 0
-        if self._read_table:  # (a plain chain takes none of the table, PREDICTION_CHAIN_NODES: nor pays for its scale)
+        if self._read_table:  # (predicted = 0, a plain chain's PREDICTION_CHAIN_NODES: nor pays for its scale)
             scale = PREDICTION_SCALE
             if len(trie):  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
                 token, w = trie.heaviest_first()
@@ -510,3 +532,8 @@ class LookupDrafter(metaclass=_DrafterType):
                 if self._transformers_adapter is None:
                     self._transformers_adapter = TransformersAssistant(self)
         return self._transformers_adapter
+
+
+def _reading(store: TokenStore | None):
+    """The store's index tuple, its lock held in the block (TokenStore.reading); NO_STORE where there is none."""
+    return store.reading() if store is not None else nullcontext(NO_STORE)

@@ -227,7 +227,7 @@ def add_longest_match(index, query, options, trie, count, ends, out):
     options = (num_draft_tokens, match_base, scale, stop_token). The continuation
     tokens[end + 1 : end + 1 + num_draft_tokens] (below n) stops before stop_token (-1: none)
     and before any token in eos or >= vocab_limit; it weighs scale * match_base**m for an
-    m-token match. Its new nodes' origin is OUTPUT (the caller labels them: DraftTrie.label). Writes (count, m) to out (m = 0: no suffix of at least min_ngram
+    m-token match. Its new nodes' origin is OUTPUT (the caller labels a store's: engine.chain). Writes (count, m) to out (m = 0: no suffix of at least min_ngram
     tokens occurred). `ends` is scratch. Cost: O(max_ngram) probes, O(num_draft_tokens * branching).
     """
     num_draft_tokens, match_base, scale, stop_token = options
@@ -488,10 +488,6 @@ class DraftTrie:
     def __len__(self) -> int:
         """Nodes, the root excluded."""
         return self._count - 1
-
-    def label(self, since: int, origin: int) -> None:
-        """Gives the nodes created from node `since` on (len(self) + 1 before the call that added them) `origin`."""
-        self._origin[since : self._count] = origin
 
     def filled(self, count: int) -> None:
         """Takes the node count, the root included, of a kernel that rebuilt the trie from its root through `arrays`

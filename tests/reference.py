@@ -6,10 +6,12 @@ import math
 
 import numpy as np
 
+from lookahead.draft import DOCUMENTS, MEMORY, OUTPUT, PROMPT
 from lookahead.drafter import LookupDrafter
 from lookahead.engine import kernels
 from lookahead.index.kernels import MAX_NGRAM, count_continuations
 from lookahead.integrations.vllm.proposer import LEARN_EVERY
+from lookahead.policy import MATCH_BASE, SKIP_SCALE, STORE_SCALE, SUBSTITUTION_SCALE
 from lookahead.request import Request
 from lookahead.sizing.cost import LineCost
 from lookahead.sizing.load import worth_sending
@@ -83,10 +85,19 @@ def heaviest_path(candidates, vocab_limit=2**31):
 def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_base, substitution_scale, skip_scale=0.0,
                       source_len=0, first_reach=0, first_only=False):
     """The candidates (continuation, weight) DraftTrie.add_suffix_candidates adds, found by brute force, in the order added."""
+    starts, _, _ = suffix_search(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_base, substitution_scale,
+                                 skip_scale, source_len, first_reach, first_only)
+    return [(list(tokens)[start : start + depth], weight) for start, weight in starts]
+
+
+def suffix_search(tokens, min_ngram, max_ngram, walk, substitution_walk, depth, match_base, substitution_scale, skip_scale=0.0,
+                  source_len=0, first_reach=0, first_only=False):
+    """What DraftTrie.add_suffix_candidates adds and returns, by brute force: ([(start, weight)] in the order added,
+    candidate i being tokens[start : start + depth]; the longest match; the longest substitution match)."""
     tokens = list(tokens)
     n = len(tokens)
     if n < 2:
-        return []
+        return [], 0, 0
 
     def agree(end, query_end):  # trailing tokens equal at end and query_end, at most max_ngram
         m = 0
@@ -100,25 +111,55 @@ def suffix_candidates(tokens, min_ngram, max_ngram, walk, substitution_walk, dep
             return []
         return [e for e in range(query_end - 1, min_ngram - 2, -1) if tokens[e - min_ngram + 1 : e + 1] == gram]
 
-    candidates = []
+    starts = []
     length, end = longest_match(tokens, min_ngram, max_ngram)
     if length and end < source_len:  # the longest match occurs in the source only: its first occurrence there
         reached = [e for e in occurrences(n - 1)[:first_reach] if agree(e, n - 1) >= length]
         if reached:
-            candidates.append((tokens[reached[-1] + 1 : reached[-1] + 1 + depth], match_base**length))
+            starts.append((reached[-1] + 1, match_base**length))
             if first_only and reached[-1] + 1 + depth <= n:
-                return candidates
+                return starts, length, 0
     walked = [(e, agree(e, n - 1)) for e in occurrences(n - 1)[:walk]]
-    candidates += [(tokens[e + 1 : e + 1 + depth], match_base**m) for e, m in walked]
+    starts += [(e + 1, match_base**m) for e, m in walked]
     if length and max((m for _, m in walked), default=0) < length:
-        candidates.append((tokens[end + 1 : end + 1 + depth], match_base**length))
+        starts.append((end + 1, match_base**length))
+    substituted = 0
     for e in occurrences(n - 2)[:substitution_walk]:
         m = agree(e, n - 2)
         if m >= 2 and skip_scale > 0 and e + 2 < n - 1 and tokens[e + 2] == tokens[n - 1]:  # a skipped token
-            candidates.append((tokens[e + 3 : e + 3 + depth], skip_scale * match_base**m))
+            starts.append((e + 3, skip_scale * match_base**m))
         elif m >= 2:
-            candidates.append((tokens[e + 2 : e + 2 + depth], substitution_scale * match_base**m))
-    return candidates
+            starts.append((e + 2, substitution_scale * match_base**m))
+        if m >= 2:
+            substituted = max(substituted, m)
+    return starts, length, substituted
+
+
+def chain_reference(tokens, prompt_len, documents, memory, *, min_ngram, max_ngram, num_draft_tokens, draft_factor, walk,
+                    substitution_walk, first_reach, first_only=True, eos=(), vocab_limit=2**31):
+    """(token ids, match_len, sources) of the chain LookupDrafter.propose drafts without a prediction table, by brute
+    force: suffix_search's candidates, then, where the request's longest match is shorter than max_ngram - 1, the
+    stores' (documents, then memory: lists of sequences) longest matches of its last max_ngram tokens weighing
+    STORE_SCALE as much; every candidate cut before an eos id or an id >= vocab_limit; the heaviest path of them,
+    at most ceil(draft_factor * anchor) tokens (the anchor: the longer of the matches, 0 where no candidate holds a
+    token); a token's source that of the first candidate through its path (PROMPT or OUTPUT by where it was copied
+    from, DOCUMENTS, MEMORY)."""
+    tokens = list(tokens)
+    starts, match_len, substituted = suffix_search(tokens, min_ngram, max_ngram, walk, substitution_walk, num_draft_tokens,
+                                                   MATCH_BASE, SUBSTITUTION_SCALE, SKIP_SCALE, prompt_len, first_reach, first_only)
+    candidates = [(tokens[start : start + num_draft_tokens], weight,
+                   [PROMPT if pos < prompt_len else OUTPUT for pos in range(start, start + num_draft_tokens)])
+                  for start, weight in starts]  # (tokens, weight, each token's source)
+    if match_len < max_ngram - 1:
+        for sequences, source in ((documents, DOCUMENTS), (memory, MEMORY)):
+            length, continuation = store_continuation(sequences, tokens[-max_ngram:], min_ngram, max_ngram, num_draft_tokens)
+            candidates.append((continuation, STORE_SCALE * MATCH_BASE**length, [source] * len(continuation)))
+            match_len = max(match_len, length)
+    candidates = [(_cut(ids, eos, vocab_limit), weight, sources) for ids, weight, sources in candidates]
+    anchor = max(match_len, substituted) if any(ids for ids, _, _ in candidates) else 0
+    path = heaviest_path([(ids, weight) for ids, weight, _ in candidates])[: min(num_draft_tokens, math.ceil(draft_factor * anchor))]
+    sources = [next(src[d] for ids, _, src in candidates if tuple(ids[: d + 1]) == path[: d + 1]) for d in range(len(path))]
+    return list(path), anchor if path else 0, sources
 
 
 def likeliest_reference(expected: dict, keep_chance: float) -> dict:

@@ -209,3 +209,76 @@ def test_tree_respects_max_tree_nodes_and_keeps_siblings_distinct():
         assert 1 <= len(tree) <= max_tree_nodes
         pairs = list(zip(tree.parents.tolist(), tree.token_ids.tolist()))
         assert len(pairs) == len(set(pairs))
+
+
+def random_case(rng):
+    """A drafter with random options, documents and memory, and what a brute-force reference needs of them:
+    (drafter, prompt, documents' sequences, memory's sequences, options). Small vocabularies and copied spans make
+    matches of every length, in the prompt, the output, the documents and memory."""
+    vocab = rng.choice([3, 6, 12, 40])
+    min_ngram = rng.randint(1, 3)
+    max_ngram = rng.choice([min_ngram, min_ngram + 1, rng.randint(min_ngram, 8), 16])
+
+    def text(length, source=()):  # random tokens, with spans of `source` (or of itself) copied in
+        out = []
+        while len(out) < length:
+            pool = list(source) or out
+            if pool and rng.random() < 0.5:
+                start = rng.randrange(len(pool))
+                out += pool[start : start + rng.randint(1, 12)]
+            else:
+                out.append(rng.randrange(vocab))
+        return out[:length]
+
+    prompt = text(rng.randint(0, 60))
+    documents = [text(rng.randint(1, 30), prompt) for _ in range(rng.choice([0, 0, 1, 2]))]
+    memory_sequences = [text(rng.randint(1, 30), prompt) for _ in range(rng.choice([0, 1, 3]))]
+    memory = TokenStore(min_ngram=min_ngram, max_ngram=max_ngram) if rng.random() < 0.8 else None
+    for sequence in memory_sequences if memory is not None else ():
+        memory.add(sequence)
+    eos = rng.choice([None, [rng.randrange(vocab)], [rng.randrange(vocab), rng.randrange(vocab)]])
+    options = dict(min_ngram=min_ngram, max_ngram=max_ngram, num_draft_tokens=rng.randint(1, 24),
+                   draft_factor=rng.choice([0.5, 1.0, 2.5, 16.0]))
+    drafter = LookupDrafter(**options, memory=memory if memory is not None else False, eos_token_id=eos, predictions=False)
+    for document in documents:
+        drafter.documents.add(document)  # straight into the library: ids past vocab_size are the drafter's to cut
+    drafter.vocab_size = rng.choice([None, None, max(1, vocab - rng.randint(0, 2))])
+    drafter.chain_walk = rng.choice([(8, 4), (1, 0), (0, 2), (3, 1)])  # measurement code sets these: propose reads them
+    drafter.first_reach = rng.choice([64, 0, 1, 3])
+    options.update(eos=tuple(eos or ()), vocab_limit=drafter.vocab_size or 2**31, first_reach=drafter.first_reach)
+    return drafter, prompt, documents, memory_sequences if memory is not None else [], options, text
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_chains_equal_a_brute_force_reference(seed):
+    """propose's chains (one engine.chain.draft_chain call, the kernel the engine's rows call too) and hedged chains
+    (a tree's candidates) equal tests/reference.py's brute force, token, match_len and source, over random
+    prompts, outputs, documents, memory, n-gram bounds, draft factors, room, EOS ids, vocabulary sizes and walks."""
+    import random
+
+    from tests.reference import chain_reference
+
+    rng = random.Random(seed)
+    for case in range(40):
+        drafter, prompt, documents, memory, options, text = random_case(rng)
+        drafter.reset(prompt)
+        tokens = list(prompt)
+        for step in range(rng.randint(1, 5)):
+            room = rng.choice([None, rng.randint(0, options["num_draft_tokens"] + 2)])
+            limit = options["num_draft_tokens"] if room is None else min(room, options["num_draft_tokens"])
+            for hedged, walk, first_only in ((False, drafter.chain_walk, True), (True, drafter.tree_walk, False)):
+                draft = drafter.propose(room, hedged=hedged)
+                expected = ([], 0, []) if limit == 0 else chain_reference(
+                    tokens, len(prompt), documents, memory, **{**options, "num_draft_tokens": limit}, walk=walk[0],
+                    substitution_walk=walk[1], first_only=first_only)
+                got = (draft.token_ids.tolist(), draft.match_len, draft.sources.tolist())
+                assert got == expected, (seed, case, step, hedged)
+                assert draft.is_chain and draft.token_ids.dtype == np.int64
+            drafter.propose(room)  # a plain chain searched no tree: nothing grows from it, and it read no table
+            if limit:
+                with pytest.raises(RuntimeError, match="_grow_tree"):
+                    drafter._grow_tree(8)
+                assert not drafter._read_table and drafter._lookup_nodes == len(drafter._trie) + 1
+            new = text(rng.randint(1, 8), rng.choice([tokens, *documents, *memory]))  # the output copies from any source
+            drafter.extend(new)
+            tokens += new
