@@ -338,17 +338,24 @@ class StepCostFit(LineCost):
         self.fade = fade
         self.bounds = bounds
         self.samples = 0
-        self._normal = np.zeros((2, 2))  # faded sum of x x^T, x = (1, tokens)
-        self._moment = np.zeros(2)  # faded sum of x * seconds
+        # faded sums over the steps, x = (1, tokens): of x x^T (n, t, tt: its entries) and of x * seconds (s, ts)
+        self._sums = [0.0, 0.0, 0.0, 0.0, 0.0]
+        # the prior's penalty prior_weight * (F - prior * p)^2 / (1 + prior^2), as w u u^T with u = (1, -prior): its entries
+        w = self.prior_weight / (1.0 + self.prior * self.prior)
+        self._penalty = (w, -w * self.prior, w * self.prior * self.prior)
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
-        """Learns from a step over a (rows, width) block that took `seconds`."""
-        x = np.array([1.0, float(rows * width)])
-        self._normal = self.fade * self._normal + np.outer(x, x)
-        self._moment = self.fade * self._moment + x * seconds
+        """Learns from a step over a (rows, width) block that took `seconds` (a 2 x 2 solve in floats: once a step)."""
+        tokens, f, sums = float(rows * width), self.fade, self._sums
+        sums[0] = f * sums[0] + 1.0
+        sums[1] = f * sums[1] + tokens
+        sums[2] = f * sums[2] + tokens * tokens
+        sums[3] = f * sums[3] + seconds
+        sums[4] = f * sums[4] + tokens * seconds
         self.samples += 1
-        prior = np.array([1.0, -self.prior]) / np.hypot(1.0, self.prior)  # penalty prior_weight * (F - prior * p)^2 / (1 + prior^2)
-        fixed, per_token = np.linalg.solve(self._normal + self.prior_weight * np.outer(prior, prior), self._moment)
+        a, b, c = sums[0] + self._penalty[0], sums[1] + self._penalty[1], sums[2] + self._penalty[2]
+        det = a * c - b * b
+        fixed, per_token = (c * sums[3] - b * sums[4]) / det, (a * sums[4] - b * sums[3]) / det
         self._fixed = fixed_cost_tokens_of(fixed, per_token, self.bounds)
 
 

@@ -256,19 +256,30 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
     if remaining.shape != chances.shape or rates.shape != chances.shape:
         raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
                          f"{remaining.shape} and {rates.shape}")
-    steps = remaining / rates  # N_r: steps each row has left at its rate so far
     rows = chances.shape[0]
-    if rows == 0 or lengths.max(initial=0) == 0:
+    longest = int(lengths.max(initial=0))
+    if rows == 0 or longest == 0:
         return [0] * rows
-    fixed_cost_tokens = cost.fixed_cost_tokens
-    behind = steps >= steps.max() - 1  # the rows that would end on the batch's last step
-    drafted = np.arange(int(lengths.max()) + 1)  # W - 1 for each candidate width
-    depth = np.minimum(drafted[:, None], lengths[None, :])  # (widths, rows): tokens of row r verified
-    expected = (1 - chances ** (depth + 1)) / (1 - chances)  # G_r(W) = 1 + a + ... + a^depth
-    # P(every row behind keeps j tokens), j = 1..: prod_r a_r^j, 0 where a row's draft is shorter
-    j = drafted[1:, None]
-    all_keep = np.prod(np.where(j <= lengths[behind], chances[behind] ** j, 0.0), axis=1)
-    least = np.concatenate([[0.0], np.cumsum(all_keep)])  # M(W)
-    worth = fixed_cost_tokens * (1 + least) + expected.sum(axis=1)
-    best = int(np.argmax(worth / cost.cost(rows, drafted + 1)))  # for the line: worth / (h + B * W), up to a constant
+    worth = np.empty(longest + 1)
+    _static_worths(chances, lengths, remaining / rates, cost.fixed_cost_tokens, worth)
+    best = int(np.argmax(worth / cost.cost(rows, np.arange(1, longest + 2))))  # for the line: worth / (h + B * W), up to a constant
     return np.minimum(lengths, best).tolist()
+
+
+@njit(cache=True)
+def _static_worths(chances, lengths, steps, fixed_cost_tokens, out):
+    """out[d]: the worth of a static batch's step whose rows verify min(lengths[r], d) drafted tokens: h (1 + M) + sum_r G_r,
+    G_r = 1 + a_r + ... + a_r^depth its expected tokens, M = sum_j P(every row furthest behind keeps j tokens), the rows
+    furthest behind those with steps[r] (steps left at its rate) within 1 of the most. O(rows * len(out))."""
+    behind = steps.max() - 1
+    least = 0.0  # M: sum over j <= d of prod over the rows behind of a_r^j (0 where a row's draft is shorter than j)
+    for d in range(out.shape[0]):
+        expected = 0.0
+        all_keep = 1.0 if d > 0 else 0.0
+        for r in range(chances.shape[0]):
+            a, depth = chances[r], min(d, lengths[r])
+            expected += (1.0 - a ** (depth + 1)) / (1.0 - a)
+            if d > 0 and steps[r] >= behind:
+                all_keep = all_keep * a ** d if d <= lengths[r] else 0.0
+        least += all_keep
+        out[d] = fixed_cost_tokens * (1.0 + least) + expected
