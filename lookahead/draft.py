@@ -214,11 +214,14 @@ class DraftStats:
         self.accepted_per_step.append(0)
         self._totals[0] += drafted
         self.no_draft_per_step.append(DRAFTED if drafted else no_draft)
+        if not drafted and not accepted:  # (a step per row of a batch: no numpy call where there is nothing to count)
+            return
         if sources is not None and len(sources) == drafted:
             self.source_counts[0] += np.bincount(sources, minlength=len(SOURCES))
         else:
             self.source_counts[0, OTHER] += drafted
-        self.record_accepted(accepted)
+        if accepted:
+            self.record_accepted(accepted)  # (raises where accepted > drafted)
 
     def record_accepted(self, accepted: int, *, written=None, sources=None) -> None:
         """Sets how many drafted tokens the last step kept.
@@ -232,18 +235,21 @@ class DraftStats:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
         self._totals[1] += accepted - self.accepted_per_step[-1]
         self.accepted_per_step[-1] = accepted
-        if sources is not None and len(sources) == accepted:
+        if not accepted:
+            codes = b""
+        elif sources is not None and len(sources) == accepted:
             self.source_counts[1] += np.bincount(sources, minlength=len(SOURCES))
+            codes = sources.tobytes()
         else:
-            sources = np.full(accepted, OTHER, dtype=np.int8)
             self.source_counts[1, OTHER] += accepted
+            codes = bytes([OTHER]) * accepted
         if written is not None and len(written):
             n = len(written)
-            ids, codes, steps = self.written
+            ids, token_codes, steps = self.written
             ids.extend(written)
-            codes.extend(sources[:n].tobytes())
+            token_codes.extend(codes[:n])
             if n > accepted:
-                codes.append(MODEL)
+                token_codes.append(MODEL)
             steps.extend([self.steps - 1] * n)
 
     def add(self, other: "DraftStats") -> None:
