@@ -127,14 +127,17 @@ class Batch:
         self.started += 1
         return slot
 
-    def finish(self, key) -> None:
-        """The request `key` is gone: its tokens are filed into memory after this step's drafts, its slot freed."""
+    def finish(self, key, tokens: np.ndarray | None = None) -> None:
+        """The request `key` is gone: its tokens (those its slot copied, or `tokens`, its whole sequence where the
+        caller has more) are filed into memory after this step's drafts, its slot freed."""
         slot = self.requests.pop(key)
         self._finished_since = True
         self._sent.pop(slot, None)
         self.document_stores.release(int(self.slots.cols[slot, DOC]))
-        if self.memory is not None and self.slots.cols[slot, COPIED]:
-            self._finished.append(self.slots.tokens_of(slot).copy())
+        if tokens is None and self.slots.cols[slot, COPIED]:
+            tokens = self.slots.tokens_of(slot).copy()
+        if self.memory is not None and tokens is not None and len(tokens):
+            self._finished.append(tokens)
         self.slots.free(slot)
         self.finished += 1
 
@@ -257,10 +260,11 @@ class Batch:
         if self.worker is not None:
             self.worker.wait()
 
-    def begin(self, slots, num_tokens, num_sampled, verified, theirs, token_ids) -> int:
+    def begin(self, slots, num_tokens, num_sampled, verified, theirs, token_ids, room: np.ndarray | None = None) -> int:
         """The step's rows (slot slots[r], tokens token_ids[r, :num_tokens[r]], num_sampled[r] written this step,
-        verified[r] of our draft's and theirs[r] of another's checked): room[r] for each row's chain, every slot
-        grown for its new tokens (kernels.room_and_growth). Returns the decode rows (room > 0)."""
+        verified[r] of our draft's and theirs[r] of another's checked): room[r] for each row's chain (at most the
+        caller's `room[r]`, where given), every slot grown for its new tokens (kernels.room_and_growth). Returns the
+        decode rows (room > 0)."""
         num_rows = slots.shape[0]
         self._row_buffers(num_rows)
         self._sent = {}  # the last step's, read by `verified`; this step's commit writes it anew
@@ -272,6 +276,10 @@ class Batch:
                                                 new_tokens, new_table)
         if grows:
             s.reserve(slots, new_tokens, new_table)  # the most the kernel may write
+        if room is not None:  # (a smaller room needs no more growth than the kernel found)
+            rooms = self.room[:num_rows]
+            np.minimum(rooms, room[:num_rows], out=rooms)
+            decode = int(np.count_nonzero(rooms))
         return decode
 
     def advance(self, *, bar: float, force: bool) -> tuple[bool, bool]:

@@ -188,6 +188,14 @@ def learn_row(slots, s, row, n, c, verified):
 
 
 @njit(cache=True)
+def keep_chances(slots, rows_slot, match, out):
+    """out[r]: keep_chance of row r's slot at an anchor of match[r] tokens (a chain's chance per token, for every row)."""
+    keep, overall = slots[SLOTS_KEEP], slots[SLOTS_OVERALL]
+    for r in range(rows_slot.shape[0]):
+        out[r] = keep_chance(keep, overall, rows_slot[r], match[r])
+
+
+@njit(cache=True)
 def settle_row(slots, s, row, n):
     """Slot s's watched rests settle against row[:n] (tokens that came outside a plan)."""
     watch = slots[SLOTS_WATCH]
