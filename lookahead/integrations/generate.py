@@ -17,8 +17,10 @@ the model.
 
 A single unpadded row drafts with the caller's drafter (its index holds the request
 afterwards, as after `assistant_model=`), streams, and can return scores, logits and the
-cache; the rows of a batch draft with siblings (`LookupDrafter._sibling`: its options,
-memory and documents shared), each filed into memory as it finishes.
+cache; the rows of a batch draft chains through one engine.Batch (BatchDrafts: every row in one
+kernel call a step, as the vLLM proposer drafts), or trees each with a sibling of the drafter
+(`LookupDrafter._sibling`: its options, memory, documents and prediction table shared); each row
+is filed into memory as it finishes.
 """
 
 import functools
@@ -32,6 +34,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, DraftStats, StepPlan
 from lookahead.drafter import LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
+from lookahead.integrations.batch_drafts import BatchDrafts
 from lookahead.integrations.calibration import loop_costs
 from lookahead.integrations.hf import (
     decoder_only_output, drop_cache_tail, new_cache, pad_token_id, row_processors,
@@ -50,7 +53,7 @@ from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 class Row:
     """One row of the call: its request, and the row as plain generate holds it."""
 
-    request: Request  # its stats describe the row, finished or not
+    request: Request | None  # one row's, or a tree batch's row's (its stats describe the row); a chain batch's: None (BatchDrafts)
     context: list[int]  # left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
@@ -153,14 +156,24 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
     with drafter._exclusive():  # the whole call: another thread's request on it raises DrafterInUseError
         drafter.eos_token_ids = drafter.eos_option | options.eos  # drafting past an EOS cannot pay
         drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
-        rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch)
+        costs = loop_costs(model) if drafter.cost_aware else None
+        # a batch's rows draft chains through one engine (BatchDrafts), or trees through a drafter each
+        batch_trees = batch and step_trees(options.tree, costs, input_ids.shape[0])
+        rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch, siblings=batch_trees)
+        drafts = BatchDrafts(drafter, [row.context[row.pad :] for row in rows], options.max_len) if batch and not batch_trees else None
         if streamer is not None and not prompt_streamed:
             streamer.put(input_ids.cpu())
-        with torch.inference_mode():
-            record, cache = _loop(model, rows, options, loop_costs(model) if drafter.cost_aware else None, streamer, batch=batch)
+        try:
+            with torch.inference_mode():
+                record, cache = _loop(model, rows, options, costs, streamer, batch=batch, drafts=drafts)
+        finally:
+            if drafts is not None:
+                drafts.close()  # every ended row filed into memory
         if streamer is not None:
             streamer.end()
-        if batch:  # the call's stats: every row's steps, row after row
+        if drafts is not None:
+            drafter.stats = drafts.call_stats()
+        elif batch:  # the call's stats: every row's steps, row after row
             drafter.stats = DraftStats(rows=len(rows))
             for row in rows:
                 drafter.stats.add(row.request.stats)
@@ -177,8 +190,9 @@ def through_transformers(model, input_ids, loop: dict, **kwargs):
     return type(model).generate(model, input_ids, custom_generate=functools.partial(generate, **loop), **kwargs)
 
 
-def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool) -> tuple[list, RowCache]:
-    """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache."""
+def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool, drafts: BatchDrafts | None) -> tuple[list, RowCache]:
+    """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache.
+    `drafts`: a chain batch's drafting (else each row's request drafts)."""
     cache = RowCache(new_cache(model), len(rows))
     if len(rows) > 1 and (reason := ungatherable_layers(model, cache.cache, "row")) is not None:
         raise UnsupportedGenerationError(f"{reason}: generate one row at a time")
@@ -189,11 +203,17 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     active, first = rows, True
     while active:
         step_start = time.perf_counter()
-        trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
-        plans = _plan(active, costs, options, tree=trees and not first, first=first)
+        if drafts is None:
+            trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
+            plans = _plan(active, costs, options, tree=trees and not first, first=first)
+            step_drafts, gain = [plan.draft for plan in plans], plans[0].gain
+        else:
+            trees, gain = False, 1.0
+            rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
+            step_drafts = drafts.plan(rooms, None if costs is None else costs.at(len(active)), first=first)
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
-        block = build_block([row.context for row in active], [plan.draft for plan in plans], [row.pad if first else 0 for row in active],
+        block = build_block([row.context for row in active], step_drafts, [row.pad if first else 0 for row in active],
                             cache, uncached=u, dtype=dtype)
         logits, first_logit = forward_block(model, block, cache, logits_to_keep, device)
         step_record = [] if options.record else None  # (one row) per token the walk returns
@@ -204,9 +224,9 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         # The model's top-k only where the call's drafts read the table (a plain chain takes none of it, so chains
         # alone, tree=False or tree=None decided against trees, skip it), and only at the entries the table learns
         # from: each row's block from its last own token (u - 1) on, or its kept path alone (record_rejected=False).
-        table = active[0].request.drafter.predictions  # siblings share their parent's
         learnt = None  # per row, the block entries the table learns from
-        if active[0].request.drafter._reads_predictions(tree=trees):
+        if drafts is None and active[0].request.drafter._reads_predictions(tree=trees):
+            table = active[0].request.drafter.predictions  # siblings share their parent's
             learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
             top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
                                    else [i - first_logit for i in e] for e in learnt], table.k)
@@ -222,11 +242,16 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             row.context += new
-            predicted = None if learnt is None else ([block.ids[r][i] for i in learnt[r]], top[r])
-            row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
+            if drafts is not None:
+                drafts.verified(r, new, len(kept))
+            else:
+                predicted = None if learnt is None else ([block.ids[r][i] for i in learnt[r]], top[r])
+                row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
             if stop_at is not None:
-                if batch:
-                    row.request.finish()  # a batch's row: its prompt and whole output go into the shared memory
+                if drafts is not None:
+                    drafts.finish(r)  # a batch's row: its prompt and whole output go into the shared memory
+                elif batch:
+                    row.request.finish()
                 continue
             going.append(r)
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
@@ -237,7 +262,9 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
                 costs.observe_prefill(len(active), block.tokens.shape[1], window)
             else:
                 costs.observe(len(active), block.tokens.shape[1], window, tree=block.is_tree,
-                              host=time.perf_counter() - step_start - window, gain=plans[0].gain)
+                              host=time.perf_counter() - step_start - window, gain=gain)
+        if drafts is not None:
+            drafts.keep(going)
         active, first = [active[r] for r in going], False
     return record, cache
 
@@ -271,17 +298,21 @@ def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool
             for row, chain, size in zip(active, chains, sizes)]
 
 
-def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool) -> list[Row]:
-    """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows with its siblings."""
+def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool, siblings: bool) -> list[Row]:
+    """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows through BatchDrafts, or with
+    `siblings` (a tree batch) each with a sibling of it."""
     if not batch:
         drafter.reset(prompts[0])
         return [Row(Request(drafter, sized=drafter.cost_aware), list(prompts[0]), 0, row_processors(processors, 0, 1))]
     drafter.finish()  # files the drafter's last request into memory, where the rows copy from it
     rows = []
     for i, (prompt, pad) in enumerate(zip(prompts, pads)):
-        child = drafter._sibling()
-        child.reset(prompt[pad:])
-        rows.append(Row(Request(child, sized=drafter.cost_aware), list(prompt), pad, row_processors(processors, i, len(prompts))))
+        request = None
+        if siblings:
+            child = drafter._sibling()
+            child.reset(prompt[pad:])
+            request = Request(child, sized=drafter.cost_aware)
+        rows.append(Row(request, list(prompt), pad, row_processors(processors, i, len(prompts))))
     return rows
 
 

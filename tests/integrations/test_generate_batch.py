@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
+from lookahead.integrations import batch_drafts
 from lookahead.integrations import generate as generate_module
 from lookahead.sizing.cost import LineCost
 from tests.cases import make_case, story_prompt
@@ -227,13 +228,13 @@ def test_drafts_shrink_as_the_batch_grows(monkeypatch):
 def test_the_load_rule_sees_each_rows_remaining_tokens_and_rate_and_the_prefill_drafts_nothing(monkeypatch):
     monkeypatch.setattr(generate_module, "loop_costs", FixedCosts)
     seen = []
-    original = generate_module.static_batch_draft_sizes
+    original = batch_drafts.static_batch_draft_sizes
 
     def sizes(chances, lengths, remaining, rates, *, cost):
         seen.append((list(remaining), list(rates)))
         return original(chances, lengths, remaining, rates, cost=cost)
 
-    monkeypatch.setattr(generate_module, "static_batch_draft_sizes", sizes)
+    monkeypatch.setattr(batch_drafts, "static_batch_draft_sizes", sizes)
     model = stories_model()
     prompts = [story_prompt(model, length=60, repeat=5), story_prompt(model, length=30, repeat=3)]
     ids, mask = left_padded(prompts)

@@ -1,0 +1,64 @@
+"""BatchDrafts: a chain batch of lookahead.generate drafts every row through one engine call a step."""
+
+import lookahead
+from lookahead import LookupDrafter
+from lookahead.draft import MEMORY, OTHER, PROMPT, SOURCES
+from lookahead.engine import kernels
+from lookahead.engine.groups import ROWS_SLOT
+from lookahead.integrations import batch_drafts
+from tests.integrations.test_generate_batch import left_padded, story_batch
+from tests.models import stories_model
+
+
+def test_every_step_drafts_all_rows_in_one_engine_call(monkeypatch):
+    model = stories_model()
+    ids, mask = story_batch(model)
+    calls, forwards = [], []
+    advance = kernels.advance
+    monkeypatch.setattr(kernels, "advance", lambda rows, *args: calls.append(rows[ROWS_SLOT].shape[0]) or advance(rows, *args))
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: forwards.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        got = lookahead.generate(model, ids, attention_mask=mask, drafter=LookupDrafter(cost_aware=False), tree=False,
+                                 max_new_tokens=40, do_sample=False)
+    finally:
+        hook.remove()
+    assert got.tolist() == model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False).tolist()
+    assert calls == forwards  # one advance a step, over the rows that step's block held
+    assert calls[0] == 4 and min(calls) < 4  # rows ended apart and left
+
+
+def test_stats_count_each_rows_steps_and_where_its_kept_tokens_came_from():
+    model = stories_model()
+    ids, mask = story_batch(model)
+    drafter = LookupDrafter(cost_aware=False)
+    out = lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=False, max_new_tokens=30, do_sample=False)
+    stats = drafter.stats
+    assert stats.rows == 4 and stats.tokens == 4 * 30 and stats.accepted > 0
+    assert stats.token_ids.tolist() == [t for row in out[:, ids.shape[1] :].tolist() for t in row]  # row after row
+    by_source = stats.by_source
+    assert by_source[SOURCES[PROMPT]][1] > 0 and SOURCES[OTHER] not in by_source  # the stories copy their prompts
+    # a second batch of the same prompts copies the first's outputs from memory
+    again = LookupDrafter(memory=drafter.memory, cost_aware=False)
+    lookahead.generate(model, ids, attention_mask=mask, drafter=again, tree=False, max_new_tokens=30, do_sample=False)
+    assert again.stats.by_source[SOURCES[MEMORY]][1] > 0
+
+
+def test_a_row_without_room_drafts_nothing_and_says_so():
+    model = stories_model()
+    ids, mask = left_padded([[1, 5, 6, 7, 5, 6, 7, 5, 6], [1, 8, 9, 8, 9, 8]])
+    drafter = LookupDrafter(cost_aware=False)
+    lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=False, max_new_tokens=1, do_sample=False)
+    assert drafter.stats.steps == 2 and drafter.stats.no_draft == {"no room left before max_new_tokens": 2}
+
+
+def test_the_rows_keep_chances_are_the_slots(monkeypatch):
+    # the sizer reads each row's keep chance at its chain's anchor, as Request.keep_chance reads one row's
+    seen = []
+    original = batch_drafts.static_batch_draft_sizes
+    monkeypatch.setattr(batch_drafts, "static_batch_draft_sizes",
+                        lambda chances, *args, cost: seen.append(chances.copy()) or original(chances, *args, cost=cost))
+    model = stories_model()
+    ids, mask = story_batch(model)
+    lookahead.generate(model, ids, attention_mask=mask, drafter=LookupDrafter(), tree=False, max_new_tokens=40, do_sample=False)
+    assert seen and all(((0 < c) & (c < 1)).all() for c in seen)
+    assert any((c != 0.5).any() for c in seen)  # learnt from the steps, not the prior alone
