@@ -29,7 +29,7 @@ from lookahead.engine import kernels
 from lookahead.engine.between_steps import BetweenSteps
 from lookahead.engine.chain import NO_STORE, lookup_nodes
 from lookahead.engine.documents import DocumentStores
-from lookahead.engine.groups import options_group, out_group, rows_group, work_group
+from lookahead.engine.groups import OPTIONS_TOKEN_CHANCES, options_group, out_group, rows_group, work_group
 from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
 from lookahead.index import as_id_set
@@ -55,13 +55,17 @@ class Batch:
         documents: the DocumentLibrary requests consult (each its prompt's selection).
         eos_token_id: id(s) no chain runs past (None: none).
         vocab_size: the model's vocabulary size (None: unknown): no chain holds an id at or above it.
+        token_chances: whether `advance` prices each chain token (out_chance; the bar's gate reads it). False: a
+            caller that sizes chains from kernels.keep_chances alone and always advances with `force` (out_chance
+            is not written).
         min_tokens, min_table: a new slot's token and table capacities.
         thread: file and index between steps on a thread of the batch's own (False: at once, in `end_step`).
     """
 
     def __init__(self, *, rows: int, num_draft_tokens: int, max_model_len: int, min_ngram: int, max_ngram: int,
                  draft_factor: float, memory: TokenStore | None, documents: DocumentLibrary, eos_token_id=None,
-                 vocab_size: int | None = None, min_tokens: int = MIN_TOKENS, min_table: int = MIN_SLOTS, thread: bool = True):
+                 vocab_size: int | None = None, token_chances: bool = True, min_tokens: int = MIN_TOKENS,
+                 min_table: int = MIN_SLOTS, thread: bool = True):
         if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
         self.k, self.max_model_len = num_draft_tokens, max_model_len
@@ -81,7 +85,8 @@ class Batch:
                           vocab_limit=NO_VOCAB_LIMIT if vocab_size is None else int(vocab_size),
                           origin=np.zeros(nodes, np.int8))  # (node,) trie.py's layout
         self._work = work_group(trie=trie, ends=np.zeros(MAX_NGRAM + 1, dtype=np.int64), scratch=np.zeros(3, dtype=np.int64))
-        self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor))
+        self._options = options_group(min_ngram=min_ngram, max_ngram=max_ngram, draft_factor=float(draft_factor),
+                                      token_chances=bool(token_chances))
         self._grams = max_ngram - min_ngram + 1  # gram lengths indexed (room_and_growth's)
         self.counts = np.zeros(5, dtype=np.int64)  # a step's verified drafts (kernels.count_drafts, run by advance)
         self.per_pos = np.zeros(num_draft_tokens, dtype=np.int64)
@@ -286,6 +291,8 @@ class Batch:
         """kernels.advance over the rows `begin` took: rows whose chance cannot clear `bar` are not drafted, unless
         `force`. Returns (whether any row drafted, whether any count is not 0); the chains are out_ids[r, :out_len[r]],
         their tokens' sources out_origin[r, :out_len[r]]."""
+        if not force and not self._options[OPTIONS_TOKEN_CHANCES]:
+            raise ValueError("advance(force=False) gates rows on their chains' chances: build the Batch with token_chances=True")
         s, memory = self.slots, self.memory
         # the memory's index is read in the kernel, under its lock (nothing else writes it meanwhile)
         with memory.reading() if memory is not None else contextlib.nullcontext(NO_STORE) as memory_index:

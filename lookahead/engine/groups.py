@@ -40,6 +40,8 @@ tuple is (that docstring says why; the constants cost nothing at run time). The 
     options  (Batch: LookupDrafter's options the chains follow)
       min_ngram, max_ngram  int        the grams indexed
       draft_factor          float      a chain holds at most draft_factor times its anchor's length
+      token_chances         bool       whether advance prices each chain token (out chance and count, the gate's
+                                         last chance); a caller that sizes from keep_chance alone skips that
     work  (Batch, LookupDrafter: engine.chain's scratch)
       trie       trie.py's trie tuple  the candidates (and the eos ids and vocab_limit no path runs into)
       ends       int64[MAX_NGRAM + 1]  match_ends' scratch (index.kernels.MAX_NGRAM)
@@ -64,7 +66,7 @@ DOCS_ARENA, DOCS_N = range(2)
 SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL, SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS = range(6)
 ROWS_SLOT, ROWS_NUM_TOKENS, ROWS_NUM_SAMPLED, ROWS_VERIFIED, ROWS_THEIRS, ROWS_ROOM, ROWS_TOKEN_IDS = range(7)
 OUT_IDS, OUT_ORIGIN, OUT_LEN, OUT_MATCH, OUT_CHANCE, OUT_STATUS, OUT_COUNTS, OUT_PER_POS, OUT_COUNT = range(9)
-OPTIONS_MIN_NGRAM, OPTIONS_MAX_NGRAM, OPTIONS_DRAFT_FACTOR = range(3)
+OPTIONS_MIN_NGRAM, OPTIONS_MAX_NGRAM, OPTIONS_DRAFT_FACTOR, OPTIONS_TOKEN_CHANCES = range(4)
 WORK_TRIE, WORK_ENDS, WORK_SCRATCH = range(3)
 (LOOKUP_NUM_DRAFT_TOKENS, LOOKUP_PROMPT_LEN, LOOKUP_WALK, LOOKUP_SUBSTITUTION_WALK, LOOKUP_FIRST_REACH, LOOKUP_FIRST_ONLY,
  LOOKUP_DRAFT_FACTOR) = range(7)
@@ -91,8 +93,8 @@ def out_group(*, ids, origin, len, match, chance, status, counts, per_pos, count
     return (ids, origin, len, match, chance, status, counts, per_pos, count)
 
 
-def options_group(*, min_ngram, max_ngram, draft_factor) -> tuple:
-    return (min_ngram, max_ngram, draft_factor)
+def options_group(*, min_ngram, max_ngram, draft_factor, token_chances) -> tuple:
+    return (min_ngram, max_ngram, draft_factor, token_chances)
 
 
 def work_group(*, trie, ends, scratch) -> tuple:

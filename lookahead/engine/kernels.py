@@ -20,7 +20,7 @@ from lookahead.policy import CHAIN_WALK, FIRST_REACH
 from lookahead.engine.arena import TABLE_AT, TABLE_CAP, TOKEN_AT, TOKEN_CAP
 from lookahead.engine.chain import draft_chain
 from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TOKENS, DOCS_ARENA, DOCS_N,
-                                     OPTIONS_DRAFT_FACTOR, OPTIONS_MAX_NGRAM, OPTIONS_MIN_NGRAM,
+                                     OPTIONS_DRAFT_FACTOR, OPTIONS_MAX_NGRAM, OPTIONS_MIN_NGRAM, OPTIONS_TOKEN_CHANCES,
                                      OUT_CHANCE, OUT_COUNT, OUT_COUNTS, OUT_IDS, OUT_LEN, OUT_MATCH, OUT_ORIGIN, OUT_PER_POS,
                                      OUT_STATUS, ROWS_NUM_SAMPLED, ROWS_NUM_TOKENS, ROWS_ROOM, ROWS_SLOT, ROWS_THEIRS,
                                      ROWS_TOKEN_IDS, ROWS_VERIFIED, SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL,
@@ -284,14 +284,14 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     policy.CHAIN_WALK and FIRST_REACH): out_ids[r, :out_len[r]], their sources out_origin[r],
     anchored on out_match[r] tokens, its token j kept with chance out_chance[r, j] (token_chances;
     the anchor's occurrences and those its tokens followed, in the request, its documents and
-    memory, in out_count[r]). Returns (whether any row drafted, whether any count is not 0, tokens
+    memory, in out_count[r]; only with options' token_chances, which the gate needs). Returns (whether any row drafted, whether any count is not 0, tokens
     of rows with room left unindexed: index_rows').
     memory: the shared store's index tuple (index/kernels.py; holding no token where there is
     none); arena: the slots' indexes (entry s = slot s); the other groups are engine.groups'. The caller has grown every extended slot's regions
     for its new tokens (room_and_growth, Slots.reserve).
     """
     min_ngram, max_ngram = options[OPTIONS_MIN_NGRAM], options[OPTIONS_MAX_NGRAM]
-    draft_factor = options[OPTIONS_DRAFT_FACTOR]
+    draft_factor, priced = options[OPTIONS_DRAFT_FACTOR], options[OPTIONS_TOKEN_CHANCES]
     rows_slot, num_tokens, room = rows[ROWS_SLOT], rows[ROWS_NUM_TOKENS], rows[ROWS_ROOM]
     cols, keep, overall = slots[SLOTS_COLS], slots[SLOTS_KEEP], slots[SLOTS_OVERALL]
     ends = work[WORK_ENDS]
@@ -328,7 +328,7 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
                                        out_origin[r])
         out_len[r] = length
         out_match[r] = anchored
-        if length:
+        if length and priced:
             found = out_count[r]
             found[:] = 0
             m = min(max(anchored, 1), max_ngram)

@@ -173,3 +173,32 @@ def test_serving_memory_stays_bounded_over_many_requests(tmp_path):
         tracemalloc.stop()
     assert proposer.stats.finished >= 999
     assert after_1000 <= 1.1 * after_100 + 64 * 1024, (after_100, after_1000)
+
+
+def test_token_chances_false_drafts_the_same_chains_and_refuses_the_gate():
+    # a caller that sizes from keep_chances alone (BatchDrafts) skips pricing each token: the chains are the same
+    import numpy as np
+
+    from lookahead.documents import DocumentLibrary
+    from lookahead.engine.batch import Batch
+
+    rng = np.random.default_rng(0)
+    rows = [np.tile(rng.integers(0, 9, 7), 6)[: 30 + 3 * r] for r in range(3)]  # repeating rows: every one drafts
+    tokens = np.zeros((3, 64), dtype=np.int64)
+    for r, row in enumerate(rows):
+        tokens[r, : len(row)] = row
+    num_tokens = np.array([len(row) for row in rows], dtype=np.int64)
+    chains = {}
+    for priced in (True, False):
+        batch = Batch(rows=3, num_draft_tokens=8, max_model_len=64, min_ngram=1, max_ngram=4, draft_factor=2.0, memory=None,
+                      documents=DocumentLibrary(), token_chances=priced, thread=False)
+        slots, _ = batch.slots_of([0, 1, 2], num_tokens, tokens)
+        batch.begin(slots, num_tokens, np.ones(3, dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64), tokens)
+        batch.out_chance[:] = -1.0
+        batch.advance(bar=0.0, force=True)
+        chains[priced] = [batch.out_ids[r, : batch.out_len[r]].tolist() for r in range(3)]
+        assert all(chains[priced]) and ((batch.out_chance[:, 0] == -1.0) != priced).all()
+        if not priced:
+            with pytest.raises(ValueError, match="token_chances=True"):
+                batch.advance(bar=0.5, force=False)
+    assert chains[True] == chains[False]
