@@ -270,16 +270,23 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
 def _static_worths(chances, lengths, steps, fixed_cost_tokens, out):
     """out[d]: the worth of a static batch's step whose rows verify min(lengths[r], d) drafted tokens: h (1 + M) + sum_r G_r,
     G_r = 1 + a_r + ... + a_r^depth its expected tokens, M = sum_j P(every row furthest behind keeps j tokens), the rows
-    furthest behind those with steps[r] (steps left at its rate) within 1 of the most. O(rows * len(out))."""
+    furthest behind those with steps[r] (steps left at its rate) within 1 of the most. O(rows * len(out)) products."""
     behind = steps.max() - 1
+    rows = chances.shape[0]
+    power = np.ones(rows)  # a_r^d
+    expected = np.zeros(rows)  # G_r at depth min(d, lengths[r])
     least = 0.0  # M: sum over j <= d of prod over the rows behind of a_r^j (0 where a row's draft is shorter than j)
     for d in range(out.shape[0]):
-        expected = 0.0
+        total = 0.0
         all_keep = 1.0 if d > 0 else 0.0
-        for r in range(chances.shape[0]):
-            a, depth = chances[r], min(d, lengths[r])
-            expected += (1.0 - a ** (depth + 1)) / (1.0 - a)
+        for r in range(rows):
+            if d <= lengths[r]:
+                expected[r] += power[r]
+            elif steps[r] >= behind:
+                all_keep = 0.0
+            total += expected[r]
             if d > 0 and steps[r] >= behind:
-                all_keep = all_keep * a ** d if d <= lengths[r] else 0.0
+                all_keep *= power[r]
+            power[r] *= chances[r]
         least += all_keep
-        out[d] = fixed_cost_tokens * (1.0 + least) + expected
+        out[d] = fixed_cost_tokens * (1.0 + least) + total
