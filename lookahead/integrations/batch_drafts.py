@@ -15,7 +15,7 @@ DraftStats record); the drafting itself is the engine's (engine.kernels.advance)
 
 import numpy as np
 
-from lookahead.draft import DRAFTED, NO_ROOM, NONE_FOUND, NOT_PAID, RARELY_KEPT, RARELY_KEPT_BELOW, Draft, DraftStats
+from lookahead.draft import EMPTY_DRAFT, NO_ROOM, NONE_FOUND, NOT_PAID, RARELY_KEPT, RARELY_KEPT_BELOW, Draft, DraftStats
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
 from lookahead.sizing.rules import static_batch_draft_sizes
@@ -37,7 +37,7 @@ class BatchDrafts:
         self.engine = Batch(rows=rows, num_draft_tokens=drafter.num_draft_tokens, max_model_len=max_len,
                             min_ngram=drafter.min_ngram, max_ngram=drafter.max_ngram, draft_factor=drafter.draft_factor,
                             memory=drafter.memory, documents=drafter.documents, eos_token_id=sorted(drafter.eos_token_ids),
-                            vocab_size=drafter.vocab_size, thread=False)
+                            vocab_size=drafter.vocab_size, token_chances=False, thread=False)
         self.stats = [DraftStats() for _ in prompts]  # per row of the call, in its order
         self.rows = list(range(rows))  # the rows still going: row i of the arrays below is row rows[i] of the call
         self.tokens = np.zeros((rows, max_len), dtype=np.int64)  # (row, max_len) its tokens, tokens[r, :num_tokens[r]]
@@ -85,7 +85,7 @@ class BatchDrafts:
                 self.stats[row].record(size, sources=sources)
             else:
                 sources = None
-                drafts.append(Draft.chain(ids[i, :0].copy()))
+                drafts.append(EMPTY_DRAFT)
                 reason = (NONE_FOUND if room else NO_ROOM) if not length else \
                     RARELY_KEPT if self.sized and chances[i] < RARELY_KEPT_BELOW else NOT_PAID
                 self.stats[row].record(0, no_draft=reason)

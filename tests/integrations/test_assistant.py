@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LogitsProcessor, LogitsProcessorList, TextStreamer
 
-from lookahead import LookupDrafter, UnsupportedGenerationError
+from lookahead import LookupDrafter
 from tests import cases
 from tests.cases import Collect
 from tests.models import STORIES, stories_model, tiny_model

@@ -10,7 +10,6 @@ here that fails the day transformers renames the function or its locals.
 - `generate` (streamer): transformers does not forward a streamer to custom_generate.
 """
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer

@@ -15,7 +15,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 import lookahead
 from lookahead import LookupDrafter, UnsupportedGenerationError
-from lookahead.bench.families import NEW_TOKENS, WINDOW, prompt, run_family, tiny_model
+from lookahead.bench.families import WINDOW, prompt, run_family, tiny_model
 from lookahead.integrations.hf import RECURRENT_ROLLBACK, cache_inputs
 from lookahead.integrations import support
 from lookahead.integrations.support import tree_support

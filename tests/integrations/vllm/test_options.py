@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from lookahead.store import TokenStore
 from lookahead.integrations.vllm import PROPOSER, LookupProposer, engine_args, read_options
 from tests.fake_runner import FakeRunner, fake_config, new_proposer
 
