@@ -59,8 +59,8 @@ class BatchDrafts:
         B x L tokens are compute-bound, so drafts cost their share there for at most one step saved."""
         engine, rows = self.engine, len(self.rows)
         slots, _ = engine.slots_of(self.rows, self.num_tokens, self.tokens, self.prompt_lens)
-        engine.begin(slots, self.num_tokens, self.num_sampled, self.checked, self.theirs, self.tokens,
-                     room=np.asarray(rooms, dtype=np.int64))
+        room = np.asarray(rooms, dtype=np.int64)
+        engine.begin(slots, self.num_tokens, self.num_sampled, self.checked, self.theirs, self.tokens, room=room)
         engine.advance(bar=0.0, force=True)
         lengths = engine.out_len[:rows]
         chances = self.chances[:rows]
@@ -71,8 +71,8 @@ class BatchDrafts:
         elif first:
             sizes = np.zeros(rows, dtype=np.int64)
         else:
-            rates = self.written[:rows] / np.maximum(self.steps[:rows], 1.0)  # each row's tokens per step so far (its stats' tau)
-            sizes = np.asarray(static_batch_draft_sizes(chances, lengths, np.asarray(rooms) + 1, np.maximum(rates, 1.0), cost=cost),
+            rates = self.written[:rows] / self.steps[:rows]  # each row's tokens per step so far (its stats' tau; a step writes 1+)
+            sizes = np.asarray(static_batch_draft_sizes(chances, lengths, room + 1, rates, cost=cost),
                                dtype=np.int64)
         engine.commit(slots, self.num_tokens, sizes)
         self.checked[:rows] = sizes

@@ -201,15 +201,6 @@ def batch_sizes(chances, lengths, rows, fixed_cost_tokens, sizes, trust=1.0):
     return taken, expected - rows
 
 
-def _rows(keep_chances, lengths) -> tuple[np.ndarray, np.ndarray]:
-    """(keep chances capped at MAX_CHANCE, lengths) as arrays, checked: 1-D, one per row."""
-    chances = np.minimum(np.asarray(keep_chances, dtype=np.float64), MAX_CHANCE)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if chances.shape != lengths.shape or chances.ndim != 1:
-        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
-    return chances, lengths
-
-
 # -- static batches (our loop: rows right-padded to one block width, until the last row ends) --
 #
 # A (B, W) step costs F + p*B*W, and the batch ends with its last row: a token a row gains saves its
@@ -251,19 +242,34 @@ def static_batch_draft_sizes(keep_chances, lengths, remaining, rates, *, cost) -
     if len(keep_chances) == len(lengths) == len(remaining) == len(rates) == 1:
         # M(W) = G(W) - 1: the worth is (h + 1) G(W), chain_size's choice (no fit of h read)
         return [chain_size(float(keep_chances[0]), int(lengths[0]), cost) if lengths[0] else 0]
-    chances, lengths = _rows(keep_chances, lengths)
+    chances, lengths = np.asarray(keep_chances, dtype=np.float64), np.asarray(lengths, dtype=np.int64)
     remaining, rates = np.asarray(remaining, dtype=np.float64), np.asarray(rates, dtype=np.float64)
+    if chances.shape != lengths.shape or chances.ndim != 1:
+        raise ValueError(f"keep_chances and lengths must be 1-D and of one length, got shapes {chances.shape} and {lengths.shape}")
     if remaining.shape != chances.shape or rates.shape != chances.shape:
         raise ValueError(f"remaining and rates need one entry per row ({chances.shape[0]}), got shapes "
                          f"{remaining.shape} and {rates.shape}")
     rows = chances.shape[0]
     longest = int(lengths.max(initial=0))
-    if rows == 0 or longest == 0:
-        return [0] * rows
-    worth = np.empty(longest + 1)
-    _static_worths(chances, lengths, remaining / rates, cost.fixed_cost_tokens, worth)
-    best = int(np.argmax(worth / cost.cost(rows, np.arange(1, longest + 2))))  # for the line: worth / (h + B * W), up to a constant
-    return np.minimum(lengths, best).tolist()
+    sizes = np.zeros(rows, dtype=np.int64)
+    if longest:  # (one kernel call past the prices: it runs every batch step)
+        _static_sizes(chances, lengths, remaining / rates, cost.fixed_cost_tokens, cost.cost(rows, np.arange(1, longest + 2)), sizes)
+    return sizes.tolist()
+
+
+@njit(cache=True)
+def _static_sizes(chances, lengths, steps, fixed_cost_tokens, prices, out):
+    """out[r] = min(lengths[r], d*) for the d* that maximises worth(d) / prices[d] (the first of equals): the worth of
+    _static_worths at keep chances capped at MAX_CHANCE, prices[d] the step's cost at width d + 1."""
+    capped = np.minimum(chances, MAX_CHANCE)
+    worth = np.empty(prices.shape[0])
+    _static_worths(capped, lengths, steps, fixed_cost_tokens, worth)
+    best = 0
+    for d in range(1, worth.shape[0]):
+        if worth[d] / prices[d] > worth[best] / prices[best]:
+            best = d
+    for r in range(out.shape[0]):
+        out[r] = min(lengths[r], best)
 
 
 @njit(cache=True)
