@@ -113,17 +113,6 @@ class TokenStore:
         ends = starts[1:] + [tokens.shape[0]]
         return [tokens[start : end - 1] for start, end in zip(starts, ends)]  # each sequence ends with its separator
 
-    def add_continuation(self, trie, query: np.ndarray, num_draft_tokens: int, *, match_base: float, scale: float) -> int:
-        """Adds to a DraftTrie what followed the most recent occurrence of the longest suffix of
-        `query` (1-D int32 or int64 numpy ids), up to num_draft_tokens tokens and the end of
-        its sequence, weighted scale * match_base**match_len; returns match_len (0: nothing added).
-
-        One kernel call under the lock: the per-step path of a drafter.
-        """
-        with self._lock:
-            return trie.add_longest_match(self._index.buffers(), query, num_draft_tokens, match_base=match_base, scale=scale,
-                                          stop_token=SEPARATOR)
-
     def reading(self) -> "_Reading":
         """The store's index as kernels read it, with the store's lock held until the block ends.
 

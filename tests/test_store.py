@@ -24,10 +24,16 @@ from tests.threads import run_in_threads, start_threads
 
 
 def continuation(store: TokenStore, query, num_draft_tokens: int = 8) -> tuple[int, list[int]]:
-    """(match_len, continuation) the store adds to a draft trie for `query`: the drafter's path."""
+    """(match_len, continuation) the store adds to a draft trie for `query`: engine.chain's kernel, in Python."""
     trie = DraftTrie()
-    match_len = store.add_continuation(trie, np.asarray(query, dtype=np.int64), num_draft_tokens, match_base=2.0, scale=0.5)
+    match_len = add_continuation(store, trie, np.asarray(query, dtype=np.int64), num_draft_tokens)
     return match_len, trie.path(num_draft_tokens).tolist()
+
+
+def add_continuation(store: TokenStore, trie: DraftTrie, query: np.ndarray, num_draft_tokens: int) -> int:
+    """What engine.chain adds of a store (its longest match's continuation, cut at its sequence's end), into `trie`."""
+    with store.reading() as index:
+        return trie.add_longest_match(index, query, num_draft_tokens, match_base=2.0, scale=0.5, stop_token=SEPARATOR)
 
 
 def test_continuation_follows_the_most_recent_longest_match_and_stops_at_the_sequence_end():
@@ -52,7 +58,7 @@ def test_store_continuations_equal_brute_force_over_random_sequences():
     for _ in range(200):
         query = rng.integers(0, 6, 5)
         trie.clear()
-        match_len = store.add_continuation(trie, query.astype(np.int32), 6, match_base=2.0, scale=0.5)
+        match_len = add_continuation(store, trie, query.astype(np.int32), 6)
         expected_len, expected = reference.store_continuation(sequences, query.tolist(), 1, 5, 6)
         assert match_len == expected_len
         assert trie.path(6).tolist() == expected  # one path: the continuation, cut at the sequence end
