@@ -6,7 +6,7 @@ index and keep rate in a slot, its documents store, the drafter's memory shared 
     drafts = batch_drafts.plan(rooms, cost, first=...)    every row learnt, indexed, drafted, sized: one advance
     ... the loop verifies the block ...
     batch_drafts.verified(r, written, kept)               per row: what the step wrote of it
-    batch_drafts.finish(r)                                a row that ended: filed into memory after the step
+    batch_drafts.finish(r)                                a row that ended: filed into memory at once
     batch_drafts.keep(going)                              the rows still going, once some ended
 
 What is per row in Python is what transformers' tensors and the stats need (a Draft for the block, a
@@ -104,8 +104,9 @@ class BatchDrafts:
         self.steps[i] += 1
 
     def finish(self, i: int) -> None:
-        """Going row i ended: its prompt and whole output are filed into memory after this step."""
+        """Going row i ended: its prompt and whole output are filed into memory now (the rows going on copy from it)."""
         self.engine.finish(self.rows[i], self.tokens[i, : self.num_tokens[i]].copy())
+        self.engine.flush()
 
     def keep(self, going: list[int]) -> None:
         """Only the going rows `going` (indexes into the rows going before) take further steps."""

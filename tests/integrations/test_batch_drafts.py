@@ -62,3 +62,16 @@ def test_the_rows_keep_chances_are_the_slots(monkeypatch):
     lookahead.generate(model, ids, attention_mask=mask, drafter=LookupDrafter(), tree=False, max_new_tokens=40, do_sample=False)
     assert seen and all(((0 < c) & (c < 1)).all() for c in seen)
     assert any((c != 0.5).any() for c in seen)  # learnt from the steps, not the prior alone
+
+
+def test_a_row_that_ends_is_in_memory_for_the_rows_going_on(monkeypatch):
+    model = stories_model()
+    ids, mask = story_batch(model)
+    drafter = LookupDrafter(cost_aware=False)
+    steps, filed_at = [], []
+    advance = kernels.advance
+    monkeypatch.setattr(kernels, "advance", lambda *args: steps.append(1) or advance(*args))
+    add = drafter.memory.add
+    monkeypatch.setattr(drafter.memory, "add", lambda tokens: filed_at.append(len(steps)) or add(tokens))
+    lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
+    assert len(filed_at) == 4 and filed_at[0] < len(steps)  # the first row to end was filed while others still drafted
