@@ -33,6 +33,14 @@ NO_DRAFT_REASONS = ("", "no continuation found", "drafts were rarely kept", "ver
                     "no room left before max_new_tokens", "a stop string came next")
 RARELY_KEPT_BELOW = 0.5  # a keep chance below this: RARELY_KEPT (0.5 is the chance before anything is learnt)
 
+
+def no_draft_reason(found: int, room: int, keep_chance) -> int:
+    """Why a step verified no draft: none found (`found` drafted tokens available: 0) or no `room` left; else the
+    sizer's width 0, RARELY_KEPT or NOT_PAID by `keep_chance()` (called only then: a row's learnt chance)."""
+    if not found:
+        return NONE_FOUND if room else NO_ROOM
+    return RARELY_KEPT if keep_chance() < RARELY_KEPT_BELOW else NOT_PAID
+
 DEFAULT_MAX_TREE_NODES = 64  # most nodes a tree draft holds, unless the caller says: the drafter's and the loops' default
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

@@ -18,7 +18,7 @@ written once.
 import numpy as np
 
 from lookahead.draft import (
-    DEFAULT_MAX_TREE_NODES, DRAFTED, NO_ROOM, NONE_FOUND, NOT_PAID, RARELY_KEPT, RARELY_KEPT_BELOW, Draft, DraftSource, StepPlan,
+    DEFAULT_MAX_TREE_NODES, DRAFTED, Draft, DraftSource, StepPlan, no_draft_reason,
 )
 from lookahead.engine import kernels
 from lookahead.engine.slots import Slots
@@ -96,8 +96,7 @@ class Request:
         plan = StepPlan(chain, chain.prefix(size) if draft is None else draft, size, gain)
         self.last, self.position = plan, self.drafter.num_tokens
         if not len(plan.draft) and no_draft == DRAFTED:
-            no_draft = (NONE_FOUND if self.room else NO_ROOM) if not len(chain) else \
-                RARELY_KEPT if self.keep_chance(chain) < RARELY_KEPT_BELOW else NOT_PAID
+            no_draft = no_draft_reason(len(chain), self.room, lambda: self.keep_chance(chain))
         self.drafter.stats.record(len(plan.draft), sources=plan.draft.source_codes(), no_draft=no_draft)
         if self.slots is not None and len(chain):
             if len(chain) > self.slots.k:

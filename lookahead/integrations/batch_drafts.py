@@ -15,7 +15,7 @@ DraftStats record); the drafting itself is the engine's (engine.kernels.advance)
 
 import numpy as np
 
-from lookahead.draft import EMPTY_DRAFT, NO_ROOM, NONE_FOUND, NOT_PAID, RARELY_KEPT, RARELY_KEPT_BELOW, Draft, DraftStats
+from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats, no_draft_reason
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
 from lookahead.sizing.rules import static_batch_draft_sizes
@@ -49,8 +49,7 @@ class BatchDrafts:
         self.checked = np.zeros(rows, dtype=np.int64)  # drafted tokens the last step verified
         self.theirs = np.zeros(rows, dtype=np.int64)  # another drafter's tokens verified: none here
         self.chances = np.zeros(rows, dtype=np.float64)  # each row's keep chance at its chain's anchor
-        self.written = np.zeros(rows, dtype=np.float64)  # (row,) tokens written and steps taken (its stats' tau, as arrays)
-        self.steps = np.zeros(rows, dtype=np.float64)
+        self.steps = np.zeros(rows, dtype=np.int64)  # (row,) steps taken
         self._sources: list = [None] * rows  # per row, its draft's tokens' sources (for the kept ones' count)
 
     def plan(self, rooms: list[int], cost, *, first: bool) -> list[Draft]:
@@ -71,7 +70,8 @@ class BatchDrafts:
         elif first:
             sizes = np.zeros(rows, dtype=np.int64)
         else:
-            rates = self.written[:rows] / self.steps[:rows]  # each row's tokens per step so far (its stats' tau; a step writes 1+)
+            # each row's tokens per step so far (its stats' tau; >= 1: a step writes one or more)
+            rates = (self.num_tokens[:rows] - self.prompt_lens[:rows]) / self.steps[:rows]
             sizes = np.asarray(static_batch_draft_sizes(chances, lengths, room + 1, rates, cost=cost),
                                dtype=np.int64)
         engine.commit(slots, self.num_tokens, sizes)
@@ -86,9 +86,7 @@ class BatchDrafts:
             else:
                 sources = None
                 drafts.append(EMPTY_DRAFT)
-                reason = (NONE_FOUND if room else NO_ROOM) if not length else \
-                    RARELY_KEPT if self.sized and chances[i] < RARELY_KEPT_BELOW else NOT_PAID
-                self.stats[row].record(0, no_draft=reason)
+                self.stats[row].record(0, no_draft=no_draft_reason(length, room, lambda: chances[i]))
             self._sources[i] = sources
         return drafts
 
@@ -100,7 +98,6 @@ class BatchDrafts:
         self.tokens[i, n : n + len(written)] = written
         self.num_tokens[i] = n + len(written)
         self.num_sampled[i] = len(written)
-        self.written[i] += len(written)
         self.steps[i] += 1
 
     def finish(self, i: int) -> None:
@@ -115,7 +112,7 @@ class BatchDrafts:
         self.rows = [self.rows[i] for i in going]
         self.tokens, self.num_tokens, self.prompt_lens = self.tokens[going], self.num_tokens[going], self.prompt_lens[going]
         self.num_sampled, self.checked = self.num_sampled[going], self.checked[going]
-        self.written, self.steps = self.written[going], self.steps[going]
+        self.steps = self.steps[going]
         self._sources = [self._sources[i] for i in going]
 
     def close(self) -> None:
