@@ -13,7 +13,8 @@ from lookahead.engine.groups import lookup_group, stores_group, work_group
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.index.kernels import MAX_NGRAM
-from lookahead.policy import CHAIN_WALK, FIRST_REACH, TREE_WALK  # the walks (shared with the engine's chains)
+from lookahead.policy import (CHAIN_WALK, FIRST_REACH, PREDICTION_CHAIN_NODES, PREDICTION_SCALE, PREDICTION_TREE_NODES,
+                              TREE_DEPTH_DECAY, TREE_WALK)  # shared with the engine's rows
 from lookahead.predictions import LeadChances, PredictionTable, RankChances, TreeChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
@@ -21,18 +22,6 @@ from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 # Defaults chosen by replaying ../shared/traces with `lookahead replay` (notes/design-provenance.md).
 DEFAULT_NUM_DRAFT_TOKENS = 64  # a ceiling: the verification loops cut drafts to what pays on the hardware (cost_aware)
 DEFAULT_DRAFT_FACTOR = 16.0  # a 1-token match drafts up to 16 tokens, 4 tokens up to 64; the loops cut by cost
-TREE_DEPTH_DECAY = 0.9  # a tree node counts 10% less per level: the model may leave every candidate
-# The model's own predictions (PredictionTable): a path of the table's best-first expansion from the
-# last token weighs PREDICTION_SCALE * its probability (RankChances) * w / c, where lookup's heaviest
-# first token weighs w and is the model's next token with chance c (LeadChances, per match length):
-# both sources on one scale of probability, so the table leads where lookup's candidates are short,
-# disagree or are absent (weight 1 then), and a long match that keeps holding leads with its chain.
-PREDICTION_SCALE = 2.0  # chosen over 0.5 and 1 on stories260K's unsized trees (notes/README.md: predictions scale)
-# Best-first paths of the table a draft takes. A plain chain (propose without hedged) takes none:
-# it has no room for the table's siblings, so its tokens per step are lookup's alone
-# (notes/README.md: blended chains).
-PREDICTION_CHAIN_NODES = 0
-PREDICTION_TREE_NODES = 64  # and a tree's
 # A drafter kept across requests starts each from its last ones' rank and lead chances at this share of
 # their counts (the request's own soon outweigh them): on stories260K's kept drafter at a GPU-like
 # step cost, 1.02x tokens per step greedy and 1.03x sampled over starting afresh (notes/README.md: trees at a GPU's prices).
@@ -198,26 +187,6 @@ class LookupDrafter(metaclass=_DrafterType):
             raise ValueError(f"vocab_size must be a positive int or None, got {size!r}")
         self._vocab_size = size
         self._trie.vocab_limit = NO_VOCAB_LIMIT if size is None else size
-
-    def _sibling(self) -> "LookupDrafter":
-        """A new drafter with this one's options, sharing its memory and documents: one per row of a batch.
-
-        Example:
-            >>> parent = LookupDrafter(num_draft_tokens=3)
-            >>> row = parent._sibling()
-            >>> row.memory is parent.memory and row.documents is parent.documents and row.predictions is parent.predictions
-            True
-        """
-        child = LookupDrafter(
-            num_draft_tokens=self.num_draft_tokens, min_ngram=self.min_ngram, max_ngram=self.max_ngram,
-            draft_factor=self.draft_factor, memory=self.memory if self.memory is not None else False,
-            documents=self.documents, eos_token_id=sorted(self.eos_option), vocab_size=self.vocab_size, cost_aware=self.cost_aware,
-            predictions=self.predictions if self.predictions is not None else False,
-        )
-        child.chain_walk, child.tree_walk, child.first_reach, child.lookup = self.chain_walk, self.tree_walk, self.first_reach, self.lookup
-        child.eos_token_ids = self.eos_token_ids
-        child.tree_chances = self.tree_chances
-        return child
 
     @property
     def min_ngram(self) -> int:

@@ -129,23 +129,60 @@ class PredictionTable:
             self.ids = np.full((0, self.k), -1, dtype=np.int32)
 
 
+# RankChances' and LeadChances' estimates, as kernels over their counts: a LookupDrafter's classes call them (through
+# .py_func), engine.trees' rows call them on one row's counts each.
+RANK_PRIOR_WEIGHT = 4.0
+RANK_PRIOR = (0.4, 0.1, 0.05, 0.03, 0.02, 0.02, 0.01, 0.01)  # a guess, outweighed after a few dozen tokens
+LEAD_PRIOR_WEIGHT = 2.0
+LEAD_PRIOR = 0.5
+# old counts' weight at each observation, which adds one count (a step's first token): 1 / (1 - LEAD_FADE) = 20
+# observations' memory. Not the keep rate's (engine.kernels.FADE: 10 updates of up to K + 1 counts each): another count per update.
+LEAD_FADE = 0.95
+
+
+def rank_prior(k: int) -> np.ndarray:
+    """(k,) float64: RANK_PRIOR's first k chances (0 past its end)."""
+    prior = np.zeros(k, dtype=np.float64)
+    prior[: min(k, len(RANK_PRIOR))] = RANK_PRIOR[:k]
+    return prior
+
+
+@njit(cache=True, inline="always")
+def rank_chances(counts, prior, out):
+    """out[r] (r < k): the chance that the model's next token stands at rank r, from counts (k + 1,) and prior (k,)."""
+    seen = 0.0
+    for r in range(counts.shape[0]):
+        seen += counts[r]
+    for r in range(prior.shape[0]):
+        out[r] = (counts[r] + RANK_PRIOR_WEIGHT * prior[r]) / (seen + RANK_PRIOR_WEIGHT)
+
+
+@njit(cache=True, inline="always")
+def lead_chance(hits, seen, match_len):
+    """The chance that lookup's heaviest first token, anchored on match_len tokens, is the model's next token."""
+    m = min(match_len, hits.shape[0] - 1)
+    return (hits[m] + LEAD_PRIOR_WEIGHT * LEAD_PRIOR) / (seen[m] + LEAD_PRIOR_WEIGHT)
+
+
+@njit(cache=True, inline="always")
+def lead_written(hits, seen, m, kept):
+    """Counts one first token drafted at (capped) match length m: kept (1.0) or not (0.0)."""
+    hits[m] = LEAD_FADE * hits[m] + kept
+    seen[m] = LEAD_FADE * seen[m] + 1.0
+
+
 class RankChances:
     """A request's estimate of the chance that the model's next token stands at rank r of the table's row
     for the token before it, r = 0..k-1 (the rest: at none).
 
     Counts over the tokens the model wrote (`observe`), each against the row as it was before
-    that step recorded its own predictions, plus PRIOR_WEIGHT pseudo-tokens of PRIOR; a drafter
+    that step recorded its own predictions, plus RANK_PRIOR_WEIGHT pseudo-tokens of RANK_PRIOR; a drafter
     kept across requests carries the last ones' counts into the next at a share (`carry`).
     """
 
-    PRIOR_WEIGHT = 4.0
-    PRIOR = (0.4, 0.1, 0.05, 0.03, 0.02, 0.02, 0.01, 0.01)  # a guess, outweighed after a few dozen tokens
-
     def __init__(self, k: int):
         self.counts = np.zeros(k + 1, dtype=np.float64)  # (k + 1,) tokens at each rank; [k]: at none
-        prior = np.zeros(k, dtype=np.float64)
-        prior[: min(k, len(self.PRIOR))] = self.PRIOR[:k]
-        self.prior = prior
+        self.prior = rank_prior(k)
 
     def observe(self, table: PredictionTable, tokens: np.ndarray, start: int) -> None:
         """Counts tokens[start:] (int32 ids, each following the one before it) against `table`."""
@@ -159,48 +196,40 @@ class RankChances:
     def chances(self) -> np.ndarray:
         """(k,) float64: the chance of each rank."""
         seen = float(self.counts.sum())
-        return (self.counts[:-1] + self.PRIOR_WEIGHT * self.prior) / (seen + self.PRIOR_WEIGHT)
+        return (self.counts[:-1] + RANK_PRIOR_WEIGHT * self.prior) / (seen + RANK_PRIOR_WEIGHT)
 
 
 class LeadChances:
     """A request's estimate, per anchor match length m, of the chance that lookup's heaviest first token
-    is the model's next token: faded counts (FADE per observation) plus PRIOR_WEIGHT pseudo-counts of PRIOR.
+    is the model's next token: faded counts (LEAD_FADE per observation) plus LEAD_PRIOR_WEIGHT pseudo-counts of LEAD_PRIOR.
 
     It puts lookup's candidates and the table's paths on one scale: lookup's heaviest first
     token stands for this chance, the table's paths for their probabilities (RankChances).
     """
 
-    PRIOR_WEIGHT = 2.0
-    PRIOR = 0.5
-    # old counts' weight at each observation, which adds one count (a step's first token): 1 / (1 - FADE) = 20 observations'
-    # memory. Not the keep rate's (engine.kernels.FADE: 10 updates of up to K + 1 counts each): another count per update.
-    FADE = 0.95
-
     def __init__(self, max_ngram: int):
-        self.hits = [0.0] * (max_ngram + 1)  # per match length: faded count of first tokens kept
-        self.seen = [0.0] * (max_ngram + 1)  # and of first tokens drafted
+        self.hits = np.zeros(max_ngram + 1, dtype=np.float64)  # per match length: faded count of first tokens kept
+        self.seen = np.zeros(max_ngram + 1, dtype=np.float64)  # and of first tokens drafted
         self.pending: tuple[int, int] | None = None  # (match length, token) of the draft being verified
 
     def chance(self, match_len: int) -> float:
-        m = min(match_len, len(self.hits) - 1)
-        return (self.hits[m] + self.PRIOR_WEIGHT * self.PRIOR) / (self.seen[m] + self.PRIOR_WEIGHT)
+        return float(lead_chance.py_func(self.hits, self.seen, match_len))
 
     def carry(self, share: float) -> None:
         """A new request: what the last ones counted weighs `share` of itself."""
-        self.hits = [share * h for h in self.hits]
-        self.seen = [share * n for n in self.seen]
+        self.hits *= share
+        self.seen *= share
         self.pending = None
 
     def drafted(self, match_len: int, token: int) -> None:
         """Lookup's heaviest first token this step, anchored on match_len tokens."""
-        self.pending = (min(match_len, len(self.hits) - 1), token)
+        self.pending = (min(match_len, self.hits.shape[0] - 1), token)
 
     def written(self, token: int) -> None:
         """The model's next token: counts the pending first token kept or not."""
         if self.pending is not None:
             m, drafted = self.pending
-            self.hits[m] = self.FADE * self.hits[m] + (drafted == token)
-            self.seen[m] = self.FADE * self.seen[m] + 1.0
+            lead_written.py_func(self.hits, self.seen, m, float(drafted == token))
             self.pending = None
 
 

@@ -169,10 +169,9 @@ def test_ranks_are_counted_after_drafts_that_read_the_table_and_not_after_plain_
     assert drafter.rank_chances.counts.tolist() == [1] + [0] * 8
 
 
-def test_siblings_share_the_table_and_a_table_can_be_shared():
+def test_a_table_can_be_shared():
     table = PredictionTable()
-    parent = LookupDrafter(predictions=table)
-    assert parent._sibling().predictions is table and parent.predictions is table
+    assert LookupDrafter(predictions=table).predictions is table and LookupDrafter(predictions=table).predictions is table
     with pytest.raises(TypeError, match="predictions must be"):
         LookupDrafter(predictions="yes")
 

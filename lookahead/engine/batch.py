@@ -32,10 +32,12 @@ from lookahead.engine.documents import DocumentStores
 from lookahead.engine.groups import OPTIONS_TOKEN_CHANCES, options_group, out_group, rows_group, work_group
 from lookahead.engine.kernels import COPIED, DOC, PLAN_POS
 from lookahead.engine.slots import Slots
+from lookahead.engine.trees import draft_trees
 from lookahead.index import as_id_set
 from lookahead.index.kernels import MAX_NGRAM
 from lookahead.index.token_index import MIN_SLOTS, MIN_TOKENS
 from lookahead.policy import CHAIN_WALK
+from lookahead.sizing.rules import MAX_CHANCE
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, trie_group
 
@@ -300,6 +302,18 @@ class Batch:
                                                                self.document_stores.arrays(), memory_index,
                                                                self._options, bar, force, self._work, self._out)
         return drafting, counted
+
+    def advance_trees(self, trees, table: np.ndarray) -> None:
+        """A tree step over the rows `begin` took: each row learnt from its last step as `advance` does (no chain
+        drafted there), then its tree's candidates and hedged chain (engine.trees.draft_trees, `trees` a TreeRows;
+        `table`: PredictionTable.ids, (0, 0) where there is none); the chains in out_ids, as `advance` leaves them."""
+        s, memory = self.slots, self.memory
+        with memory.reading() if memory is not None else contextlib.nullcontext(NO_STORE) as memory_index:
+            arena, docs = s.index.arrays(), self.document_stores.arrays()
+            # no row's chance can beat MAX_CHANCE: advance learns and counts, and drafts none
+            _, _, self._pending = kernels.advance(self._step_rows, s.state(), arena, docs, memory_index, self._options,
+                                                  MAX_CHANCE, False, self._work, self._out)
+            draft_trees(self._step_rows, s.state(), arena, docs, memory_index, self._options, table, trees.arrays(), self._out)
 
     def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[list[list[int]], int, int]:
         """Records each drafted row's plan, `sizes[r]` tokens of its chain sent (what the next step's `verified` checks).

@@ -26,7 +26,8 @@ from lookahead.engine.groups import (ARENA_AT, ARENA_PREV, ARENA_TABLE, ARENA_TO
                                      ROWS_TOKEN_IDS, ROWS_VERIFIED, SLOTS_COLS, SLOTS_KEEP, SLOTS_OVERALL,
                                      SLOTS_PLAN_IDS, SLOTS_WATCH, SLOTS_WATCH_IDS, WORK_ENDS, lookup_group,
                                      stores_group)
-from lookahead.index.kernels import INDEX_N, count_continuations, grown_table, grown_tokens, index_ends, index_group
+from lookahead.index.kernels import (INDEX_N, INDEX_TOKENS, count_continuations, grown_table, grown_tokens, index_ends,
+                                     index_group)
 from lookahead.sizing.rules import MAX_CHANCE
 
 # columns of slots' cols
@@ -76,7 +77,7 @@ def view(arena, e):
 
 
 @njit(cache=True, inline="always")
-def _entry_index(arena, e, n, min_ngram, max_ngram):
+def entry_index(arena, e, n, min_ngram, max_ngram):
     # entry e's index tuple (index/kernels.py's) over its first n tokens
     tokens, prev, table = view(arena, e)
     return index_group(tokens=tokens, prev=prev, table=table, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
@@ -137,7 +138,7 @@ def _watch(watch, watch_ids, s, m, ids, start, stop, position):
 
 
 @njit(cache=True, inline="always")
-def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
+def index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
     # slot s's index (tok, prv, tab) takes its tokens through tok[:n] not yet indexed (the grams ending at
     # positions before n - 1: the last token waits for the next, as its suffix is what a draft looks up)
     start = cols[s, INDEXED]
@@ -149,6 +150,20 @@ def _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram):
             index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
             cols[s, USED] += index_ends(index, lo, n - 1)
         cols[s, INDEXED] = n
+
+
+@njit(cache=True, inline="always")
+def row_indexes(arena, docs, cols, s, n, min_ngram, max_ngram):
+    """(index, documents): slot s's index tuple over its n tokens, indexed up to them first (index_to), and its
+    documents store's (none, d = -1: the slot's entry read as empty, n = 0); what a row drafts from besides memory."""
+    tok, prv, tab = view(arena, s)
+    index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
+    index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
+    d = cols[s, DOC]
+    doc_arena, doc_n = docs[DOCS_ARENA], docs[DOCS_N]
+    documents = (entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram) if d >= 0
+                 else entry_index(arena, s, 0, min_ngram, max_ngram))
+    return index, documents
 
 
 @njit(cache=True, inline="always")
@@ -306,7 +321,6 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
     drafted = False
     if not force and bar >= MAX_CHANCE:  # no row's chance (capped at MAX_CHANCE) can beat the bar: none drafts
         return drafted, counted, _pending(rows_slot, num_tokens, room, cols)
-    doc_arena, doc_n = docs[DOCS_ARENA], docs[DOCS_N]
     for r in range(num_rows):
         s = rows_slot[r]
         n = num_tokens[r]
@@ -316,12 +330,8 @@ def advance(rows, slots, arena, docs, memory, options, bar, force, work, out):
         if not force and GATE * cols[s, LAST_CHANCE] <= bar * CHANCE_SCALE:  # its last chain was far below the bar: not drafted
             continue
         drafted = True
-        tok, prv, tab = view(arena, s)
-        _index_to(tok, prv, tab, cols, s, n, min_ngram, max_ngram)
-        index = index_group(tokens=tok, prev=prv, table=tab, n=n, min_ngram=min_ngram, max_ngram=max_ngram)
-        d = cols[s, DOC]  # the documents store's index tuple; none (d = -1): the slot's entry read as empty (n = 0)
-        documents = (_entry_index(doc_arena, d, doc_n[d], min_ngram, max_ngram) if d >= 0
-                     else _entry_index(arena, s, 0, min_ngram, max_ngram))
+        index, documents = row_indexes(arena, docs, cols, s, n, min_ngram, max_ngram)
+        tok = index[INDEX_TOKENS]
         lookup = lookup_group(num_draft_tokens=limit, prompt_len=cols[s, PROMPT_LEN], walk=CHAIN_WALK[0],
                               substitution_walk=CHAIN_WALK[1], first_reach=FIRST_REACH, first_only=True, draft_factor=draft_factor)
         length, anchored = draft_chain(index, stores_group(documents=documents, memory=memory), lookup, work, out_ids[r],
@@ -364,7 +374,7 @@ def index_rows(rows_slot, room, cols, arena, min_ngram, max_ngram):
         if room[r] > 0:
             s = rows_slot[r]
             tok, prv, tab = view(arena, s)
-            _index_to(tok, prv, tab, cols, s, cols[s, COPIED], min_ngram, max_ngram)
+            index_to(tok, prv, tab, cols, s, cols[s, COPIED], min_ngram, max_ngram)
 
 
 @njit(cache=True)

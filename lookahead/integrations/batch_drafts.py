@@ -1,24 +1,32 @@
-"""`BatchDrafts`: the chains of a batch in `lookahead.generate`, drafted for every row in one engine call a step.
+"""`BatchDrafts`: the drafts of a batch in `lookahead.generate`, drafted for every row in one engine call a step.
 
 Row r of the call is request r of an engine.Batch, the state the vLLM proposer drives: its tokens,
-index and keep rate in a slot, its documents store, the drafter's memory shared by all. A step:
+index and keep rate in a slot, its documents store, the drafter's memory shared by all; a tree step's
+tries and lead and rank chances in an engine.trees.TreeRows. A step:
 
-    drafts = batch_drafts.plan(rooms, cost, first=...)    every row learnt, indexed, drafted, sized: one advance
+    drafts = batch_drafts.plan(rooms, cost, first=..., tree=...)  every row learnt, indexed, drafted, sized: one
+                                                                  engine call (a tree step: one more, to grow them)
     ... the loop verifies the block ...
     batch_drafts.verified(r, written, kept)               per row: what the step wrote of it
+    batch_drafts.learnt(inputs, predicted)                the rows' lead and rank chances, then the table's records
     batch_drafts.finish(r)                                a row that ended: filed into memory at once
     batch_drafts.keep(going)                              the rows still going, once some ended
 
 What is per row in Python is what transformers' tensors and the stats need (a Draft for the block, a
-DraftStats record); the drafting itself is the engine's (engine.kernels.advance).
+DraftStats record); the drafting itself is the engine's (engine.kernels.advance; engine.trees for trees).
 """
 
 import numpy as np
 
-from lookahead.draft import EMPTY_DRAFT, Draft, DraftStats, no_draft_reason
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats, no_draft_reason
+from lookahead.drafter import CARRY
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
-from lookahead.sizing.rules import static_batch_draft_sizes
+from lookahead.engine.trees import TreeRows
+from lookahead.request import on_path
+from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
+
+NO_TABLE = np.zeros((0, 0), dtype=np.int32)  # the table a tree step reads where the drafter keeps none
 
 
 class BatchDrafts:
@@ -38,6 +46,8 @@ class BatchDrafts:
                             min_ngram=drafter.min_ngram, max_ngram=drafter.max_ngram, draft_factor=drafter.draft_factor,
                             memory=drafter.memory, documents=drafter.documents, eos_token_id=sorted(drafter.eos_token_ids),
                             vocab_size=drafter.vocab_size, token_chances=False, thread=False)
+        self.drafter = drafter
+        self.trees: TreeRows | None = None  # built at the first tree step
         self.stats = [DraftStats() for _ in prompts]  # per row of the call, in its order
         self.rows = list(range(rows))  # the rows still going: row i of the arrays below is row rows[i] of the call
         self.tokens = np.zeros((rows, max_len), dtype=np.int64)  # (row, max_len) its tokens, tokens[r, :num_tokens[r]]
@@ -50,23 +60,35 @@ class BatchDrafts:
         self.theirs = np.zeros(rows, dtype=np.int64)  # another drafter's tokens verified: none here
         self.chances = np.zeros(rows, dtype=np.float64)  # each row's keep chance at its chain's anchor
         self.steps = np.zeros(rows, dtype=np.int64)  # (row,) steps taken
-        self._sources: list = [None] * rows  # per row, its draft's tokens' sources (for the kept ones' count)
+        self._drafts: list = [EMPTY_DRAFT] * rows  # per going row, its draft (for the kept tokens' sources)
 
-    def plan(self, rooms: list[int], cost, *, first: bool) -> list[Draft]:
+    def plan(self, rooms: list[int], cost, *, first: bool, tree: bool = False,
+             max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> list[Draft]:
         """Each going row's draft for one step: its chain of at most rooms[i] tokens, sized under `cost` to finish
         the batch soonest (sizing.rules.static_batch_draft_sizes; unsized: whole). Sized, the prefill verifies none:
-        B x L tokens are compute-bound, so drafts cost their share there for at most one step saved."""
+        B x L tokens are compute-bound, so drafts cost their share there for at most one step saved. With `tree`
+        (not the prefill), each row's tree, from the candidates its hedged chain came from: sized, of the
+        heaviest nodes lookup's first, as many as the widest chain's block pays for (sizing.rules.tree_nodes), for
+        each row whose chain is sized above 0; unsized, the max_tree_nodes heaviest, blended."""
         engine, rows = self.engine, len(self.rows)
         slots, _ = engine.slots_of(self.rows, self.num_tokens, self.tokens, self.prompt_lens)
         room = np.asarray(rooms, dtype=np.int64)
         engine.begin(slots, self.num_tokens, self.num_sampled, self.checked, self.theirs, self.tokens, room=room)
-        engine.advance(bar=0.0, force=True)
+        table = self.drafter.predictions
+        if tree:
+            if self.trees is None:
+                self.trees = self._tree_rows()
+            engine.advance_trees(self.trees, NO_TABLE if table is None else table.ids)
+        else:
+            engine.advance(bar=0.0, force=True)
+            if self.trees is not None:
+                self.trees.read[:] = False  # a chain reads no table: what the rows write is not ranked
         lengths = engine.out_len[:rows]
         chances = self.chances[:rows]
         if self.sized:
             kernels.keep_chances(engine.slots.state(), slots, engine.out_match, chances)
         if not self.sized:
-            sizes = lengths.copy()
+            sizes = np.zeros(rows, dtype=np.int64) if tree else lengths.copy()  # an unsized tree stands for no chain
         elif first:
             sizes = np.zeros(rows, dtype=np.int64)
         else:
@@ -76,29 +98,65 @@ class BatchDrafts:
                                dtype=np.int64)
         engine.commit(slots, self.num_tokens, sizes)
         self.checked[:rows] = sizes
-        drafts = []
-        ids, origins, match = engine.out_ids, engine.out_origin, engine.out_match
-        for i, (row, size, length, room) in enumerate(zip(self.rows, sizes.tolist(), lengths.tolist(), rooms)):
-            if size:
-                sources = origins[i, :size].copy()
-                drafts.append(Draft.chain(ids[i, :size].copy(), int(match[i]), sources))
-                self.stats[row].record(size, sources=sources)
+        if tree:
+            drafts = self._trees(sizes, cost, max_tree_nodes)
+        else:
+            ids, origins, match = engine.out_ids, engine.out_origin, engine.out_match
+            drafts = [Draft.chain(ids[i, :size].copy(), int(match[i]), origins[i, :size].copy()) if size else EMPTY_DRAFT
+                      for i, size in enumerate(sizes.tolist())]
+        for i, (row, draft, length, room) in enumerate(zip(self.rows, drafts, lengths.tolist(), rooms)):
+            if len(draft):
+                self.stats[row].record(len(draft), sources=draft.sources)
             else:
-                sources = None
-                drafts.append(EMPTY_DRAFT)
                 self.stats[row].record(0, no_draft=no_draft_reason(length, room, lambda: chances[i]))
-            self._sources[i] = sources
+        self._drafts = drafts
         return drafts
+
+    def _tree_rows(self) -> TreeRows:
+        drafter = self.drafter
+        table = drafter.predictions
+        # every row starts from the drafter's lead and rank chances, as its next request would
+        carry = ((CARRY * drafter.lead_chances.hits, CARRY * drafter.lead_chances.seen),
+                 None if table is None else CARRY * drafter.rank_chances.counts)
+        return TreeRows(len(self.stats), drafter.num_draft_tokens, drafter.max_ngram, sorted(drafter.eos_token_ids),
+                        drafter.vocab_size, 0 if table is None else table.k, carry)
+
+    def _trees(self, sizes: np.ndarray, cost, max_tree_nodes: int) -> list[Draft]:
+        # each going row's tree (see plan): TreeRows.grow over the tries advance_trees filled
+        rows = sizes.shape[0]
+        if not self.sized:
+            nodes = np.full(rows, max_tree_nodes, dtype=np.int64)
+        else:
+            widest = int(sizes.max()) if rows else 0
+            nodes = np.where(sizes > 0, tree_nodes(widest, max_tree_nodes, cost, rows=rows) if widest else 0, 0)
+        ids, parents, origins, lengths = self.trees.grow(nodes, max_tree_nodes, lookup_first=self.sized)
+        match = self.engine.out_match
+        return [Draft(ids[i, :n].copy(), parents[i, :n].copy(), int(match[i]), origins[i, :n].copy()) if n else EMPTY_DRAFT
+                for i, n in enumerate(lengths.tolist())]
 
     def verified(self, i: int, written: list[int], kept: int) -> None:
         """Going row i wrote `written` this step (its `kept` drafted tokens, then its own; cut where it stopped)."""
-        sources = self._sources[i]
-        self.stats[self.rows[i]].record_accepted(kept, written=written, sources=None if sources is None else sources[:kept])
+        draft = self._drafts[i]
+        # the kept nodes' sources: a chain's first `kept`; a tree's on the path of the kept tokens (parents first)
+        sources = draft.sources[:kept] if draft.is_chain or not kept else draft.sources[on_path(draft, written[:kept])]
+        self.stats[self.rows[i]].record_accepted(kept, written=written, sources=sources if len(draft) else None)
         n = int(self.num_tokens[i])
         self.tokens[i, n : n + len(written)] = written
         self.num_tokens[i] = n + len(written)
         self.num_sampled[i] = len(written)
         self.steps[i] += 1
+
+    def learnt(self, inputs: list, predicted) -> None:
+        """After every going row's `verified`: what they wrote is counted into their lead and rank chances (against
+        the table as it was), then the table records the step's predictions, row by row: inputs[i] the block entries'
+        ids of going row i, predicted[i] (n, k) the model's top-k after each (the table's learning: LookupDrafter's)."""
+        if self.trees is not None:
+            table = self.drafter.predictions
+            rows = len(self.rows)
+            self.trees.observe(NO_TABLE if table is None else table.ids, self.tokens[:rows], self.num_tokens[:rows],
+                               self.num_sampled[:rows])
+        for row_inputs, row_predicted in zip(inputs, predicted):
+            self.drafter._record_predictions(row_inputs, row_predicted)
 
     def finish(self, i: int) -> None:
         """Going row i ended: its prompt and whole output are filed into memory now (the rows going on copy from it)."""
@@ -113,7 +171,9 @@ class BatchDrafts:
         self.tokens, self.num_tokens, self.prompt_lens = self.tokens[going], self.num_tokens[going], self.prompt_lens[going]
         self.num_sampled, self.checked = self.num_sampled[going], self.checked[going]
         self.steps = self.steps[going]
-        self._sources = [self._sources[i] for i in going]
+        self._drafts = [self._drafts[i] for i in going]
+        if self.trees is not None:
+            self.trees.keep(going)
 
     def close(self) -> None:
         """Every ended row filed into memory."""

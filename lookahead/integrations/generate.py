@@ -17,10 +17,9 @@ the model.
 
 A single unpadded row drafts with the caller's drafter (its index holds the request
 afterwards, as after `assistant_model=`), streams, and can return scores, logits and the
-cache; the rows of a batch draft chains through one engine.Batch (BatchDrafts: every row in one
-kernel call a step, as the vLLM proposer drafts), or trees each with a sibling of the drafter
-(`LookupDrafter._sibling`: its options, memory, documents and prediction table shared); each row
-is filed into memory as it finishes.
+cache; the rows of a batch draft chains or trees through one engine.Batch (BatchDrafts: every row in
+one kernel call a step, as the vLLM proposer drafts; the drafter's options, memory, documents and
+prediction table shared); each row is filed into memory as it finishes.
 """
 
 import functools
@@ -31,7 +30,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, DraftStats, StepPlan
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, StepPlan
 from lookahead.drafter import LookupDrafter
 from lookahead.errors import UnsupportedGenerationError
 from lookahead.integrations.batch_drafts import BatchDrafts
@@ -46,14 +45,13 @@ from lookahead.integrations.support import (
 )
 from lookahead.integrations.verify import build_block, forward_block, greedy_choices, id_tensor, stop_index, top_ids, walk
 from lookahead.request import Request
-from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
 
 
 @dataclass
 class Row:
     """One row of the call: its request, and the row as plain generate holds it."""
 
-    request: Request | None  # one row's, or a tree batch's row's (its stats describe the row); a chain batch's: None (BatchDrafts)
+    request: Request | None  # one row's; a batch's: None (BatchDrafts drafts its rows)
     context: list[int]  # left padding, prompt, generated tokens
     pad: int  # left-padding tokens before the prompt
     processors: LogitsProcessorList  # the logits processors as they act on this row (hf.row_processors)
@@ -157,15 +155,14 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
         drafter.eos_token_ids = drafter.eos_option | options.eos  # drafting past an EOS cannot pay
         drafter.vocab_size = vocab_size(model)  # drafts never hold an id the model cannot take
         costs = loop_costs(model) if drafter.cost_aware else None
-        # a batch's rows draft chains through one engine (BatchDrafts), or trees through a drafter each
-        batch_trees = batch and step_trees(options.tree, costs, input_ids.shape[0])
-        rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch, siblings=batch_trees)
-        drafts = BatchDrafts(drafter, [row.context[row.pad :] for row in rows], options.max_len) if batch and not batch_trees else None
+        rows = _rows(drafter, input_ids.tolist(), pads, processors, batch=batch)
+        # a batch's rows draft through one engine, all rows in one call a step (BatchDrafts)
+        drafts = BatchDrafts(drafter, [row.context[row.pad :] for row in rows], options.max_len) if batch else None
         if streamer is not None and not prompt_streamed:
             streamer.put(input_ids.cpu())
         try:
             with torch.inference_mode():
-                record, cache = _loop(model, rows, options, costs, streamer, batch=batch, drafts=drafts)
+                record, cache = _loop(model, rows, options, costs, streamer, drafts=drafts)
         finally:
             if drafts is not None:
                 drafts.close()  # every ended row filed into memory
@@ -173,10 +170,6 @@ def generate(model, input_ids: torch.LongTensor, logits_processor: LogitsProcess
             streamer.end()
         if drafts is not None:
             drafter.stats = drafts.call_stats()
-        elif batch:  # the call's stats: every row's steps, row after row
-            drafter.stats = DraftStats(rows=len(rows))
-            for row in rows:
-                drafter.stats.add(row.request.stats)
     return _output(rows, generation_config, record, cache, batch=batch, device=input_ids.device)
 
 
@@ -190,9 +183,9 @@ def through_transformers(model, input_ids, loop: dict, **kwargs):
     return type(model).generate(model, input_ids, custom_generate=functools.partial(generate, **loop), **kwargs)
 
 
-def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: bool, drafts: BatchDrafts | None) -> tuple[list, RowCache]:
+def _loop(model, rows: list[Row], options: Options, costs, streamer, *, drafts: BatchDrafts | None) -> tuple[list, RowCache]:
     """Steps until every row has ended; returns (per new token of a single row, (processed scores, raw logits)), and the cache.
-    `drafts`: a chain batch's drafting (else each row's request drafts)."""
+    `drafts`: a batch's drafting (else the one row's request drafts)."""
     cache = RowCache(new_cache(model), len(rows))
     if len(rows) > 1 and (reason := ungatherable_layers(model, cache.cache, "row")) is not None:
         raise UnsupportedGenerationError(f"{reason}: generate one row at a time")
@@ -203,14 +196,15 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
     active, first = rows, True
     while active:
         step_start = time.perf_counter()
-        if drafts is None:
-            trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
-            plans = _plan(active, costs, options, tree=trees and not first, first=first)
-            step_drafts, gain = [plan.draft for plan in plans], plans[0].gain
+        trees = step_trees(options.tree, costs, len(active))  # the call's steps draft trees now (the prefill verifies a chain)
+        if drafts is None:  # one row
+            plan = _plan(active[0], costs, options, tree=trees and not first)
+            step_drafts, gain = [plan.draft], plan.gain
         else:
-            trees, gain = False, 1.0
+            gain = 1.0
             rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
-            step_drafts = drafts.plan(rooms, None if costs is None else costs.at(len(active)), first=first)
+            step_drafts = drafts.plan(rooms, None if costs is None else costs.at(len(active)), first=first,
+                                      tree=trees and not first, max_tree_nodes=options.max_tree_nodes)
         start = time.perf_counter()
         u = len(active[0].context) if first else 1  # uncached tokens per row: the padded prompt, or the last own token
         block = build_block([row.context for row in active], step_drafts, [row.pad if first else 0 for row in active],
@@ -225,13 +219,14 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
         # alone, tree=False or tree=None decided against trees, skip it), and only at the entries the table learns
         # from: each row's block from its last own token (u - 1) on, or its kept path alone (record_rejected=False).
         learnt = None  # per row, the block entries the table learns from
-        if drafts is None and active[0].request.drafter._reads_predictions(tree=trees):
-            table = active[0].request.drafter.predictions  # siblings share their parent's
+        drafter = active[0].request.drafter if drafts is None else drafts.drafter
+        if drafter._reads_predictions(tree=trees):
+            table = drafter.predictions
             learnt = [range(u - 1, len(block.ids[r])) if options.record_rejected else path for r, (path, _) in enumerate(walks)]
             top = top_ids(logits, [range(e.start - first_logit, e.stop - first_logit) if isinstance(e, range)
                                    else [i - first_logit for i in e] for e in learnt], table.k)
         window = time.perf_counter() - start  # the forward and the block's work around it; the walk's choices synced the device
-        going, kept_blocks = [], []
+        going, kept_blocks, inputs = [], [], []
         for r, (row, (path, choice)) in enumerate(zip(active, walks)):
             kept = [block.ids[r][i] for i in path[1:]]
             new = kept + [choice]
@@ -242,16 +237,15 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
             if streamer is not None:
                 streamer.put(torch.tensor(new))
             row.context += new
+            row_inputs = None if learnt is None else [block.ids[r][i] for i in learnt[r]]
             if drafts is not None:
                 drafts.verified(r, new, len(kept))
-            else:
-                predicted = None if learnt is None else ([block.ids[r][i] for i in learnt[r]], top[r])
-                row.request.verified(new, accepted=len(kept), predicted=predicted)  # the last block too: the drafter indexes the whole output
+                inputs.append(row_inputs)
+            else:  # the last block too: the drafter indexes the whole output
+                row.request.verified(new, accepted=len(kept), predicted=None if learnt is None else (row_inputs, top[r]))
             if stop_at is not None:
                 if drafts is not None:
                     drafts.finish(r)  # a batch's row: its prompt and whole output go into the shared memory
-                elif batch:
-                    row.request.finish()
                 continue
             going.append(r)
             kept_blocks.append(list(range(block.skips[r], u)) + path[1:])
@@ -264,56 +258,29 @@ def _loop(model, rows: list[Row], options: Options, costs, streamer, *, batch: b
                 costs.observe(len(active), block.tokens.shape[1], window, tree=block.is_tree,
                               host=time.perf_counter() - step_start - window, gain=gain)
         if drafts is not None:
+            if learnt is not None:
+                drafts.learnt(inputs, top)
             drafts.keep(going)
         active, first = [active[r] for r in going], False
     return record, cache
 
 
-def _plan(active: list[Row], costs, options: Options, *, tree: bool, first: bool) -> list[StepPlan]:
-    """Each row's draft for one step, sized to finish the rows soonest (sizing.rules.static_batch_draft_sizes).
-
-    The first step also prefills the prompts: it verifies chains (a tree there would need an
-    explicit mask over the whole prompt, a slower attention path), and, sized, a batch's
-    verifies none: B x L tokens are compute-bound, so drafts cost their share there (a
-    (4, 257) prefill measured 8% slower than (4, 256)) for at most one step saved."""
-    rooms = [options.max_len - len(row.context) - 1 for row in active]  # the step's own token takes the last place
-    if costs is None or len(active) == 1:  # unsized: whole drafts; one row: its chain that pays, or its likeliest nodes that do
-        cost = None if costs is None else costs.at(1)
-        promise = costs is not None and costs.trees() is None  # the tree trial weighs what its plans promise
-        return [row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes, promise=promise)
-                for row, room in zip(active, rooms)]
-    chains = [row.request.propose(room, hedged=tree) for row, room in zip(active, rooms)]  # a tree step searches once (_grow_tree)
-    if first:
-        return [row.request.commit(chain, 0) for row, chain in zip(active, chains)]
-    cost = costs.at(len(active))
-    chances = [row.request.keep_chance(chain) for row, chain in zip(active, chains)]
-    rates = [row.request.stats.tau or 1.0 for row in active]  # the row's tokens per step so far
-    sizes = static_batch_draft_sizes(chances, [len(c) for c in chains], [room + 1 for room in rooms], rates, cost=cost)
-    widest = max(sizes)
-    if not tree or widest == 0:
-        return [row.request.commit(chain, size) for row, chain, size in zip(active, chains, sizes)]
-    # A tree fills the row's slots up to what the widest chain bought: those columns are paid for.
-    nodes = tree_nodes(widest, options.max_tree_nodes, cost, rows=len(active))
-    return [row.request.commit(chain, size, row.request.drafter._grow_tree(nodes) if size else None)
-            for row, chain, size in zip(active, chains, sizes)]
+def _plan(row: Row, costs, options: Options, *, tree: bool) -> StepPlan:
+    """The one row's draft for one step: its chain that pays, or its likeliest tree nodes that do (Request.plan;
+    unsized: whole)."""
+    room = options.max_len - len(row.context) - 1  # the step's own token takes the last place
+    cost = None if costs is None else costs.at(1)
+    promise = costs is not None and costs.trees() is None  # the tree trial weighs what its plans promise
+    return row.request.plan(room, cost, tree=tree, max_tree_nodes=options.max_tree_nodes, promise=promise)
 
 
-def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool, siblings: bool) -> list[Row]:
-    """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows through BatchDrafts, or with
-    `siblings` (a tree batch) each with a sibling of it."""
+def _rows(drafter: LookupDrafter, prompts: list[list[int]], pads: list[int], processors, *, batch: bool) -> list[Row]:
+    """The call's rows: one unpadded row drafts with `drafter` itself; a batch's rows through BatchDrafts."""
     if not batch:
         drafter.reset(prompts[0])
         return [Row(Request(drafter, sized=drafter.cost_aware), list(prompts[0]), 0, row_processors(processors, 0, 1))]
     drafter.finish()  # files the drafter's last request into memory, where the rows copy from it
-    rows = []
-    for i, (prompt, pad) in enumerate(zip(prompts, pads)):
-        request = None
-        if siblings:
-            child = drafter._sibling()
-            child.reset(prompt[pad:])
-            request = Request(child, sized=drafter.cost_aware)
-        rows.append(Row(request, list(prompt), pad, row_processors(processors, i, len(prompts))))
-    return rows
+    return [Row(None, list(prompt), pad, row_processors(processors, i, len(prompts))) for i, (prompt, pad) in enumerate(zip(prompts, pads))]
 
 
 def _output(rows: list[Row], config: GenerationConfig, record: list, cache: RowCache, *, batch: bool, device):
