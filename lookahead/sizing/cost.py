@@ -14,6 +14,7 @@ SIZES = (1, 2, 4, 8, 16, 32, 64)  # block sizes at which a cost curve is given
 FIXED_COST_BOUNDS = (1.0, 4096.0)  # fixed_cost_tokens is kept within these
 UNPRICED = 1e6  # the relative cost of a block nothing has priced yet: no draft pays for it
 NO_CAP = -1  # StepCosts._cap: no seen wider width
+LEAST_BLOCK = 0.8  # no block costs less than this share of a plain step (the least measured: 0.92, bfloat16, 2 tokens)
 ONCE_DEAREST = 2.0  # a width's one step prices it at most this many times its unseen price (a stall's share of it)
 
 
@@ -75,12 +76,13 @@ class CostCurve:
 
 
 def extend_linearly(costs: np.ndarray, last: int) -> np.ndarray:
-    """`costs` (>= 3 entries) continued to index `last` along its last segment, as CostCurve.cost prices past its end."""
+    """`costs` (>= 3 entries) continued to index `last` along its last segment, as CostCurve.cost prices past its end,
+    never below LEAST_BLOCK plain steps (a falling last segment, measured widths' noise, would reach 0 and below)."""
     end = costs.shape[0] - 1
     if last <= end:
         return costs
     step = costs[end] - costs[end - 1]
-    return np.concatenate([costs, costs[end] + (np.arange(end + 1, last + 1) - end) * step])
+    return np.concatenate([costs, np.maximum(costs[end] + (np.arange(end + 1, last + 1) - end) * step, LEAST_BLOCK * costs[1])])
 
 
 class StepCosts(CostCurve):
@@ -121,7 +123,7 @@ class StepCosts(CostCurve):
     WINDOW = 4  # a width is priced by the least of its last WINDOW steps
     MAX_AGE = 32  # a width not stepped at for this many one-row steps is priced as unseen
     MEASURED = 2  # a width priced by this many of its steps is measured (chain_size probes no further)
-    LEAST_BLOCK = 0.8  # no block costs less than this share of a plain step (the least measured: 0.92, bfloat16, 2 tokens)
+    LEAST_BLOCK = LEAST_BLOCK
 
     def __init__(self, seconds=None, *, head_ratio: float = 0.0):
         if not head_ratio >= 0:
@@ -285,8 +287,8 @@ def price_widths(seconds, once, seen_widths, anchor, cap, calibrated, noise, fit
     out[0] = one
     out[: top + 1] /= one
     step = out[top] - out[top - 1]
-    for n in range(top + 1, 2 * top + 1):
-        out[n] = out[top] + (n - top) * step
+    for n in range(top + 1, 2 * top + 1):  # extend_linearly's rule
+        out[n] = max(out[top] + (n - top) * step, LEAST_BLOCK)
     return out
 
 

@@ -5,8 +5,8 @@ calibration or from the prefill's chord, a batch's line, trees decided by their 
 import numpy as np
 import pytest
 
-from lookahead.sizing.cost import ONCE_DEAREST, UNPRICED, LineCost, LoopCosts, StepCosts, cost_curve
-from lookahead.sizing.rules import chain_size, static_batch_draft_sizes
+from lookahead.sizing.cost import LEAST_BLOCK, ONCE_DEAREST, UNPRICED, CostCurve, LineCost, LoopCosts, StepCosts, cost_curve
+from lookahead.sizing.rules import chain_size, static_batch_draft_sizes, tree_size
 from tests.engine.test_slots import LINEAR, KeepRate, size
 
 
@@ -230,3 +230,18 @@ def test_a_plain_step_is_priced_at_most_a_blocks_over_least_block():
     taught(costs, 8, 0.16)  # and drafting steps never time a plain step again
     assert costs.seconds[1] == pytest.approx(0.16 / StepCosts.LEAST_BLOCK)
     assert costs.relative()[8] == pytest.approx(StepCosts.LEAST_BLOCK)  # not 0.16: a draft never kept is not free
+
+
+def test_widths_past_64_never_cost_less_than_least_block():
+    """A measured 64-token block far cheaper than a 63-token one (a stall at 63) extrapolates the widths past 64
+    down its last segment, but never below LEAST_BLOCK plain steps: a 64-node tree reads width 65, and a cost
+    that fell to 0 divided by zero (tree_size)."""
+    costs = StepCosts(SECONDS)
+    for width, seconds in ((1, 0.1), (63, 0.5), (64, 0.1)):
+        for _ in range(StepCosts.MEASURED + 1):
+            costs.observe(1, width, seconds)
+    priced = costs.one_row(128)
+    assert priced[63] > priced[64] and (priced[65:] >= LEAST_BLOCK).all() and priced[128] == LEAST_BLOCK
+    assert 0 <= tree_size(np.full(64, 0.5), costs) <= 64
+    falling = CostCurve(cost_curve([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.4]))  # a fixed curve whose last segment falls
+    assert falling.one_row(400)[400] == LEAST_BLOCK
