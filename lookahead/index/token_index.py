@@ -189,6 +189,9 @@ class TokenIndex:
         self._table = table
 
 
+_FEW = 64  # as_token_ids checks a list of at most this many ids in Python: a numpy call costs more
+
+
 def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
     """A 1-D sequence of token ids in [0, MAX_TOKEN_ID] as int64 numpy (no copy if it already is).
 
@@ -198,6 +201,12 @@ def as_token_ids(token_ids, *, name: str = "token ids") -> np.ndarray:
         TypeError: not a sequence of integers (str, set, generator, float or bool values).
         ValueError: not 1-D, ragged, or an id out of range.
     """
+    if type(token_ids) is list and len(token_ids) <= _FEW:  # a step's tokens (the loops pass lists): checked without numpy
+        for t in token_ids:
+            if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:
+                break  # the checks below say what is wrong
+        else:
+            return np.array(token_ids, dtype=np.int64)
     if hasattr(token_ids, "detach"):  # a torch tensor, without importing torch here
         if token_ids.dtype.is_floating_point or token_ids.dtype.is_complex:
             raise TypeError(f"{name} must be integers, got a tensor of dtype {token_ids.dtype}")

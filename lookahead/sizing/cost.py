@@ -98,7 +98,7 @@ class StepCosts(CostCurve):
     (a prefill scores its last token only; a verified token also costs the output layer). A seen width
     within NOISE of a narrower drafted one is priced as it. Until a prefill and MEASURED plain steps are
     in, every drafted width is UNPRICED. Cost: `observe` is an array update; the next `one_row` prices
-    the 65 widths in one compiled call (price_widths, about 2 µs).
+    the 65 widths in one compiled call (price_widths, about 2 µs hot), where a price it reads changed.
 
     Args:
         seconds: calibrated seconds of a forward pass over SIZES[i] new tokens, or None (learnt from the call).
@@ -185,17 +185,19 @@ class StepCosts(CostCurve):
         self.recent[w, self.steps[w] % self.WINDOW] = seconds
         self.steps[w] += 1
         self.last[w] = self.clock
-        least = self.recent[w].min()
-        if self.seen[w]:
-            self.seconds[w] = least
-        else:  # until MEASURED steps, one step prices it within ONCE_DEAREST of its unseen price (price_widths)
-            self.once[w] = least
-        if w > 1 and self.seen[1]:  # a plain step's own steps may all have stalled, and drafting steps never tell it again
-            self.seconds[1] = min(self.seconds[1], least / self.LEAST_BLOCK)
+        least = float(self.recent[w].min())
+        # what price_widths reads changed (most steps change nothing: a width's least step stands): priced again
+        priced = self.seconds if self.seen[w] else self.once  # until MEASURED steps, one step prices it within ONCE_DEAREST
+        changed = priced[w] != least                          # of its unseen price (price_widths)
+        priced[w] = least
+        if w > 1 and self.seen[1] and least / self.LEAST_BLOCK < self.seconds[1]:  # a plain step's own steps may all
+            self.seconds[1] = least / self.LEAST_BLOCK  # have stalled, and drafting steps never tell it again
+            changed = True
         newly_seen = not self.seen[w] and self.steps[w] >= self.MEASURED
         if newly_seen:
             self.seen[w], self.seconds[w], self.once[w] = True, least, np.inf
         if newly_seen or self.clock >= self._expires:
+            changed = True
             stale = self.seen & (self.clock - self.last > self.MAX_AGE)
             if stale.any():  # forgotten: priced as unseen, and its old steps no longer count
                 self.seen[stale] = False
@@ -206,8 +208,9 @@ class StepCosts(CostCurve):
             self._expires = (self.last[self.seen].min() if self.seen.any() else self.clock) + self.MAX_AGE + 1
             self._anchors()
             self._chord()
-        self._fixed = None  # priced again when next read
-        self._priced = None
+        if changed:
+            self._fixed = None  # priced again when next read
+            self._priced = None
 
     def measured(self, width: int) -> bool:
         """Whether a one-row block of `width` tokens (beyond 64: as 64) is priced by MEASURED recent steps of its own (nothing priced: all)."""

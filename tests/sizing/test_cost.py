@@ -245,3 +245,21 @@ def test_widths_past_64_never_cost_less_than_least_block():
     assert 0 <= tree_size(np.full(64, 0.5), costs) <= 64
     falling = CostCurve(cost_curve([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.4]))  # a fixed curve whose last segment falls
     assert falling.one_row(400)[400] == LEAST_BLOCK
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_step_that_changes_no_price_keeps_the_curve_priced_as_pricing_afresh_would(seed):
+    """observe reprices (price_widths) only where what pricing reads changed: after every step the curve is the one
+    priced from scratch, through stalls, widths first seen, forgotten ones and the chord's prefills."""
+    rng = np.random.default_rng(seed)
+    costs = StepCosts(None if seed % 2 else SECONDS)
+    costs.observe_prefill(1, 200, 0.02)
+    for _ in range(300):
+        width = int(rng.choice([1, 1, 1, 2, 5, 17, 33, 64, int(rng.integers(1, 66))]))
+        costs.observe(1, width, float(rng.uniform(0.001, 0.0012) * (1 + 0.02 * width) * (4 if rng.random() < 0.05 else 1)))
+        if rng.random() < 0.05:
+            costs.observe_prefill(1, int(rng.integers(50, 300)), float(rng.uniform(0.005, 0.03)))
+        kept = costs.one_row(64).copy()
+        costs._priced, costs._fixed = None, None  # priced from scratch
+        assert np.array_equal(kept, costs.one_row(64))
+    assert costs.calibrated is not None
