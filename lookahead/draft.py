@@ -150,7 +150,8 @@ class DraftStats:
     drafted_per_step: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
     no_draft_per_step: bytearray = field(default_factory=bytearray)  # (steps,) NO_DRAFT_REASONS codes, DRAFTED: drafted
-    source_counts: np.ndarray = field(default_factory=lambda: np.zeros((2, len(SOURCES)), dtype=np.int64))  # (drafted, kept) x source
+    # (drafted, kept): each drafted token's SOURCES code, each kept one's, in step order (counted when read: source_counts)
+    source_codes: tuple = field(default_factory=lambda: (bytearray(), bytearray()))
     written: tuple = field(default_factory=lambda: (array("q"), bytearray(), array("l")))  # per token written: id, source, step
     rows: int = 1  # rows whose steps these are (a batch's call: every row's, row after row)
     # (sum(drafted_per_step), sum(accepted_per_step)), kept by record, record_accepted and add (the lists' only
@@ -184,6 +185,11 @@ class DraftStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def source_counts(self) -> np.ndarray:
+        """(2, len(SOURCES)) int64: per source, the tokens drafted (row 0) and kept (row 1)."""
+        return np.stack([np.bincount(np.frombuffer(codes, dtype=np.int8), minlength=len(SOURCES)) for codes in self.source_codes])
 
     @property
     def by_source(self) -> dict[str, tuple[int, int]]:
@@ -225,9 +231,9 @@ class DraftStats:
         if not drafted and not accepted:  # (a step per row of a batch: no numpy call where there is nothing to count)
             return
         if sources is not None and len(sources) == drafted:
-            self.source_counts[0] += np.bincount(sources, minlength=len(SOURCES))
+            self.source_codes[0].extend(np.asarray(sources, dtype=np.int8).tobytes())
         else:
-            self.source_counts[0, OTHER] += drafted
+            self.source_codes[0].extend(bytes([OTHER]) * drafted)
         if accepted:
             self.record_accepted(accepted)  # (raises where accepted > drafted)
 
@@ -246,11 +252,10 @@ class DraftStats:
         if not accepted:
             codes = b""
         elif sources is not None and len(sources) == accepted:
-            self.source_counts[1] += np.bincount(sources, minlength=len(SOURCES))
-            codes = sources.tobytes()
+            codes = np.asarray(sources, dtype=np.int8).tobytes()
         else:
-            self.source_counts[1, OTHER] += accepted
             codes = bytes([OTHER]) * accepted
+        self.source_codes[1].extend(codes)
         if written is not None and len(written):
             n = len(written)
             ids, token_codes, steps = self.written
@@ -268,7 +273,8 @@ class DraftStats:
         self._totals[0] += other._totals[0]
         self._totals[1] += other._totals[1]
         self.no_draft_per_step.extend(other.no_draft_per_step)
-        self.source_counts[:] += other.source_counts
+        self.source_codes[0].extend(other.source_codes[0])
+        self.source_codes[1].extend(other.source_codes[1])
         ids, codes, steps = self.written
         ids.extend(other.written[0])
         codes.extend(other.written[1])
