@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from numba import njit
 
 from lookahead.draft import Draft
 from lookahead.integrations.hf import cache_inputs, first_stop, keep_rollback, takes
@@ -55,21 +56,16 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     """
     u, rows, slots = uncached, len(drafts), len(cache)
     width = u + max(len(d) for d in drafts)
-    ids, parents, depths = [], [], []
-    for context, draft in zip(contexts, drafts):
+    ids, parents, trees = [], [], []  # trees: the rows whose draft is a tree
+    for r, (context, draft) in enumerate(zip(contexts, drafts)):
         n = len(draft)
         ids.append(context[-u:] + draft.token_ids.tolist())
         if draft.is_chain:
             parents.append(list(range(-1, u + n - 1)))
-            depths.append(None)
             continue
-        draft_parents = draft.parents.tolist()
-        parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft_parents])
-        depth = [0] * n  # depth of each draft node, 1 for a root
-        for i, p in enumerate(draft_parents):
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        depths.append(depth)
-    is_tree = any(depth is not None for depth in depths)
+        parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents.tolist()])
+        trees.append(r)
+    is_tree = bool(trees)
     lengths = [len(row) for row in ids]
     tokens = id_tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
     if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
@@ -81,17 +77,17 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     skip, length = np.asarray(skips)[:, None], np.asarray(lengths)[:, None]
     block_keys = (entry >= skip) & (entry < length)  # (rows, width) which block entries are real tokens of the row
     positions = np.where(block_keys, np.asarray(cache.real_tokens())[:, None] - skip + entry, 1)  # (rows, width) int64
-    for r, depth in enumerate(depths):  # a tree's nodes sit at its last uncached token's position + depth
-        if depth is not None:
-            positions[r, u : lengths[r]] = positions[r, u - 1] + np.asarray(depth, dtype=np.int64)
-    positions = torch.from_numpy(positions)
     if not is_tree:
-        return Block(tokens, positions, torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(), ids, parents, skips, u, False)
-    # Every query sees the row's real cached slots; within the block, its ancestors and itself.
-    visible = np.zeros((rows, width, width), dtype=bool)  # (rows, queries, block keys)
-    for r, (row, draft) in enumerate(zip(ids, drafts)):
-        m = len(row)
-        visible[r, :m, :m] = tree_visibility(u, draft.parents)
+        return Block(tokens, torch.from_numpy(positions), torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(),
+                     ids, parents, skips, u, False)
+    # Every query sees the row's real cached slots; within the block, its ancestors and itself. A tree's nodes sit at
+    # its last uncached token's position + their depth.
+    visible = np.zeros((rows, width, width), dtype=bool)  # (rows, queries, block keys); a chain row's: causal
+    depth = np.zeros(width, dtype=np.int64)
+    for r, draft in enumerate(drafts):
+        tree_block(u, draft.parents, visible[r], depth)
+        positions[r, u : lengths[r]] = positions[r, u - 1] + depth[: len(draft)]
+    positions = torch.from_numpy(positions)
     visible &= block_keys[:, None, :]  # no key of padding or fill
     visible[:, np.arange(width), np.arange(width)] = True  # every query sees itself (fill included)
     attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
@@ -125,21 +121,28 @@ def id_tensor(ids: list) -> torch.Tensor:
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
-    """(u + n, u + n) bools: block token j is token i or one of its ancestors.
-
-    The u uncached tokens form a causal chain and every draft node (parents[i] < i, -1:
-    the last uncached token) descends from its end, so only the draft block needs ancestor
-    sets: O((u + n)^2) bits but O(n^2) Python, whatever the prompt length.
-    """
-    n = parents.shape[0]
-    visible = np.tri(u + n, dtype=bool)
-    ancestors = visible[u:, u:]  # a view: draft nodes' ancestor sets among draft nodes
-    ancestors[:] = False
-    for i, p in enumerate(parents.tolist()):
-        if p >= 0:
-            ancestors[i] = ancestors[p]
-        ancestors[i, i] = True
+    """(u + n, u + n) bools: block token j is token i or one of its ancestors (tree_block's)."""
+    visible = np.zeros((u + parents.shape[0],) * 2, dtype=bool)
+    tree_block(u, parents, visible, np.zeros(parents.shape[0], dtype=np.int64))
     return visible
+
+
+@njit(cache=True)
+def tree_block(u, parents, visible, depth):  # pragma: no cover (compiled)
+    """A block of u uncached tokens, then the draft nodes (parents[i] < i, -1: the last uncached token): sets
+    visible[i, j] (all False before) where block token j is token i or one of its ancestors, and depth[i] to draft
+    node i's depth (1 for a root). The uncached tokens form a causal chain and every node descends from its end,
+    so a node's row is its parent's and itself. O((u + n)^2)."""
+    for i in range(u):
+        for j in range(i + 1):
+            visible[i, j] = True
+    for i in range(parents.shape[0]):
+        row, p = u + i, parents[i]
+        above = u - 1 if p < 0 else u + p  # its parent's block entry
+        for j in range(above + 1):
+            visible[row, j] = visible[above, j]
+        visible[row, row] = True
+        depth[i] = 1 if p < 0 else depth[p] + 1
 
 
 def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parents: list[int], u: int, sequence: list[int],
