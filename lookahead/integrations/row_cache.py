@@ -35,8 +35,9 @@ class RowCache:
         self.cache = cache
         self.rows = rows
         self.length = 0  # S
-        self.real: torch.Tensor | None = None
+        self.real: torch.Tensor | None = None  # a view of _buffer's first S columns
         self.counts: list[int] | None = None  # per row, its real slots (real's row sums); None: S each, where real is None
+        self._buffer: torch.Tensor | None = None  # (rows, capacity >= S) bools: `real`'s storage, grown by doubling
 
     def __len__(self) -> int:
         return self.length
@@ -53,34 +54,43 @@ class RowCache:
         """After a step over `width` block slots: keeps the rows `going` (indices among the step's rows) and, of row
         going[i]'s block, the entries kept_blocks[i] (ascending, never empty; the step's block holds them at S + entry)."""
         if len(going) < self.rows:  # rows left: every row's real slots gathered to the front
-            self.real = torch.cat([self.slots(), torch.zeros((self.rows, width), dtype=torch.bool)], dim=1)
+            real = torch.cat([self.slots(), torch.zeros((self.rows, width), dtype=torch.bool)], dim=1)
             for r, kept in zip(going, kept_blocks):
-                self.real[r, [self.length + k for k in kept]] = True
-            self.compact(going)
+                real[r, [self.length + k for k in kept]] = True
+            self.compact(going, real)
             return
         if all(kept[-1] - kept[0] + 1 == len(kept) for kept in kept_blocks):  # chains: the kept entries stay where they are
-            added = max(kept[-1] + 1 for kept in kept_blocks)
-            spans = [(kept[0], kept[-1] + 1) for kept in kept_blocks]
+            starts, stops = [kept[0] for kept in kept_blocks], [kept[-1] + 1 for kept in kept_blocks]
+            added = max(stops)
             drop_cache_tail(self.cache, width - added)
         else:  # trees: each row's path packed to the block's front
             added = max(len(kept) for kept in kept_blocks)
-            spans = [(0, len(kept)) for kept in kept_blocks]
+            starts, stops = [0] * len(kept_blocks), [len(kept) for kept in kept_blocks]
             index = torch.tensor([kept + [0] * (added - len(kept)) for kept in kept_blocks])  # (rows, slots): offsets in the block
             gather_cache_tail(self.cache, self.length, index)
-        if self.real is None and all(span == (0, added) for span in spans):  # still no holes
+        if self.real is None and not any(starts) and min(stops) == added:  # still no holes
             self.length += added
             return
-        low, high = np.array(spans).T[:, :, None]  # (rows, 1) each: the row's kept span of the added slots
-        block = torch.from_numpy((np.arange(added) >= low) & (np.arange(added) < high))
-        self.counts = [count + int(h - l) for count, l, h in zip(self.real_tokens(), low[:, 0], high[:, 0])]
-        self.real = torch.cat([self.slots(), block], dim=1)
-        self.length += added
+        self.counts = [count + stop - start for count, start, stop in zip(self.real_tokens(), starts, stops)]
+        slots = np.arange(added)
+        block = (slots >= np.array(starts)[:, None]) & (slots < np.array(stops)[:, None])  # (rows, added): the kept spans
+        self._mark(torch.from_numpy(block))
         if self.length > 1.25 * max(self.counts) + 16:
-            self.compact(list(range(self.rows)))
+            self.compact(list(range(self.rows)), self.real)
 
-    def compact(self, going: list[int]) -> None:
-        """Keeps the rows `going`, each its real slots only, left-padded: the whole cache gathered."""
-        real = self.slots()[going]
+    def _mark(self, block: torch.Tensor) -> None:
+        # appends `block` (rows, added) to `real`, in place where the buffer has room (no copy of the S columns before)
+        start, stop = self.length, self.length + block.shape[1]
+        if self._buffer is None or self._buffer.shape[1] < stop:
+            buffer = torch.empty((self.rows, max(2 * stop, 64)), dtype=torch.bool)
+            buffer[:, :start] = self.slots()
+            self._buffer = buffer
+        self._buffer[:, start:stop] = block
+        self.real, self.length = self._buffer[:, :stop], stop
+
+    def compact(self, going: list[int], real: torch.Tensor) -> None:
+        """Keeps the rows `going`, each its real slots only (`real`: (rows, S) bools), left-padded: the whole cache gathered."""
+        real = real[going]
         lengths = real.sum(dim=1)
         longest = int(lengths.max())
         index = torch.zeros((len(going), longest), dtype=torch.long)  # (rows, slots); a padding slot reads slot 0
@@ -91,5 +101,5 @@ class RowCache:
             compacted[i, longest - length :] = True
         gather_cache_rows(self.cache, torch.tensor(going), index)
         self.rows, self.length = len(going), longest
-        self.real = None if bool(compacted.all()) else compacted
+        self.real = self._buffer = None if bool(compacted.all()) else compacted
         self.counts = None if self.real is None else lengths.tolist()
