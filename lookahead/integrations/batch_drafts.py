@@ -61,6 +61,7 @@ class BatchDrafts:
         self.chances = np.zeros(rows, dtype=np.float64)  # each row's keep chance at its chain's anchor
         self.steps = np.zeros(rows, dtype=np.int64)  # (row,) steps taken
         self._drafts: list = [EMPTY_DRAFT] * rows  # per going row, its draft (for the kept tokens' sources)
+        self._slots: np.ndarray | None = None  # (going row,) its engine slot: a row keeps its slot for the call
 
     def plan(self, rooms: list[int], cost, *, first: bool, tree: bool = False,
              max_tree_nodes: int = DEFAULT_MAX_TREE_NODES) -> list[Draft]:
@@ -71,7 +72,9 @@ class BatchDrafts:
         heaviest nodes lookup's first, as many as the widest chain's block pays for (sizing.rules.tree_nodes), for
         each row whose chain is sized above 0; unsized, the max_tree_nodes heaviest, blended."""
         engine, rows = self.engine, len(self.rows)
-        slots, _ = engine.slots_of(self.rows, self.num_tokens, self.tokens, self.prompt_lens)
+        if self._slots is None:
+            self._slots, _ = engine.slots_of(self.rows, self.num_tokens, self.tokens, self.prompt_lens)
+        slots = self._slots
         room = np.asarray(rooms, dtype=np.int64)
         engine.begin(slots, self.num_tokens, self.num_sampled, self.checked, self.theirs, self.tokens, room=room)
         table = self.drafter.predictions
@@ -101,8 +104,9 @@ class BatchDrafts:
         if tree:
             drafts = self._trees(sizes, cost, max_tree_nodes)
         else:
-            ids, origins, match = engine.out_ids, engine.out_origin, engine.out_match
-            drafts = [Draft.chain(ids[i, :size].copy(), int(match[i]), origins[i, :size].copy()) if size else EMPTY_DRAFT
+            width = int(sizes.max(initial=0))  # one copy of the step's chains: each row's draft a view of it
+            ids, origins, match = engine.out_ids[:rows, :width].copy(), engine.out_origin[:rows, :width].copy(), engine.out_match
+            drafts = [Draft.chain(ids[i, :size], int(match[i]), origins[i, :size]) if size else EMPTY_DRAFT
                       for i, size in enumerate(sizes.tolist())]
         for i, (row, draft, length, room) in enumerate(zip(self.rows, drafts, lengths.tolist(), rooms)):
             if len(draft):
@@ -172,6 +176,8 @@ class BatchDrafts:
         self.num_sampled, self.checked = self.num_sampled[going], self.checked[going]
         self.steps = self.steps[going]
         self._drafts = [self._drafts[i] for i in going]
+        if self._slots is not None:
+            self._slots = self._slots[going]
         if self.trees is not None:
             self.trees.keep(going)
 
