@@ -87,7 +87,7 @@ def run(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     paths = args.traces or sorted(CARRIED_TRACES.glob("*.jsonl")) or sorted(SHARED_TRACES.glob("*.jsonl"))
     if not paths:
-        print(f"gpu_suite: no trace files: run benchmarks/prepare_device.sh here and carry benchmarks/carry, or pass --traces", file=sys.stderr)
+        print("gpu_suite: no trace files: run benchmarks/prepare_device.sh here and carry benchmarks/carry, or pass --traces", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
