@@ -195,8 +195,9 @@ class RankChances:
 
     def chances(self) -> np.ndarray:
         """(k,) float64: the chance of each rank."""
-        seen = float(self.counts.sum())
-        return (self.counts[:-1] + RANK_PRIOR_WEIGHT * self.prior) / (seen + RANK_PRIOR_WEIGHT)
+        out = np.empty(self.prior.shape[0], dtype=np.float64)
+        rank_chances.py_func(self.counts, self.prior, out)
+        return out
 
 
 class LeadChances:
