@@ -56,16 +56,15 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     """
     u, rows, slots = uncached, len(drafts), len(cache)
     width = u + max(len(d) for d in drafts)
-    ids, parents, trees = [], [], []  # trees: the rows whose draft is a tree
-    for r, (context, draft) in enumerate(zip(contexts, drafts)):
+    ids, parents, is_tree = [], [], False
+    for context, draft in zip(contexts, drafts):
         n = len(draft)
         ids.append(context[-u:] + draft.token_ids.tolist())
         if draft.is_chain:
             parents.append(list(range(-1, u + n - 1)))
             continue
         parents.append(list(range(-1, u - 1)) + [u - 1 if p < 0 else u + p for p in draft.parents.tolist()])
-        trees.append(r)
-    is_tree = bool(trees)
+        is_tree = True
     lengths = [len(row) for row in ids]
     tokens = id_tensor([row + [0] * (width - n) for row, n in zip(ids, lengths)] if min(lengths) < width else ids)
     if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
