@@ -311,9 +311,10 @@ class Batch:
         with memory.reading() if memory is not None else contextlib.nullcontext(NO_STORE) as memory_index:
             arena, docs = s.index.arrays(), self.document_stores.arrays()
             # no row's chance can beat MAX_CHANCE: advance learns and counts, and drafts none
-            _, _, self._pending = kernels.advance(self._step_rows, s.state(), arena, docs, memory_index, self._options,
-                                                  MAX_CHANCE, False, self._work, self._out)
+            kernels.advance(self._step_rows, s.state(), arena, docs, memory_index, self._options, MAX_CHANCE, False,
+                            self._work, self._out)
             draft_trees(self._step_rows, s.state(), arena, docs, memory_index, self._options, table, trees.arrays(), self._out)
+        self._pending = 0  # draft_trees indexed every row with room
 
     def commit(self, slots: np.ndarray, num_tokens: np.ndarray, sizes: np.ndarray) -> tuple[list[list[int]], int, int]:
         """Records each drafted row's plan, `sizes[r]` tokens of its chain sent (what the next step's `verified` checks).

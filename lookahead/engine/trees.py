@@ -180,8 +180,11 @@ class TreeRows:
 
     def __init__(self, rows: int, num_draft_tokens: int, max_ngram: int, eos: np.ndarray, vocab_limit: int | None, k: int,
                  carry=None):
-        cap = lookup_nodes(num_draft_tokens, *TREE_WALK) + (PREDICTION_TREE_NODES if k else 0)
-        self.rows, self.cap = rows, cap
+        cap = lookup_nodes(num_draft_tokens, *TREE_WALK) + (PREDICTION_TREE_NODES if k else 0)  # a row's trie's most nodes
+        self.token, self.parent = np.zeros((rows, cap), dtype=np.int64), np.zeros((rows, cap), dtype=np.int64)
+        self.child, self.sibling = np.zeros((rows, cap), dtype=np.int64), np.zeros((rows, cap), dtype=np.int64)
+        self.weight, self.origin = np.zeros((rows, cap), dtype=np.float64), np.zeros((rows, cap), dtype=np.int8)
+        self.count, self.first_class = np.ones(rows, dtype=np.int64), np.ones(rows, dtype=np.int64)
         self.hits = np.zeros((rows, max_ngram + 1), dtype=np.float64)
         self.seen = np.zeros((rows, max_ngram + 1), dtype=np.float64)
         self.ranks = np.zeros((rows, k + 1), dtype=np.float64)
@@ -198,14 +201,6 @@ class TreeRows:
         entries = PREDICTION_TREE_NODES * k + k  # add_predictions' heap
         self._heap = (np.zeros(entries, dtype=np.float64),) + tuple(np.zeros(entries, dtype=np.int64) for _ in range(4))
         self._ends, self._scratch = np.zeros(MAX_NGRAM + 1, dtype=np.int64), np.zeros(3, dtype=np.int64)
-        self._tries(rows)
-
-    def _tries(self, rows: int) -> None:
-        cap = self.cap
-        self.token, self.parent = np.zeros((rows, cap), dtype=np.int64), np.zeros((rows, cap), dtype=np.int64)
-        self.child, self.sibling = np.zeros((rows, cap), dtype=np.int64), np.zeros((rows, cap), dtype=np.int64)
-        self.weight, self.origin = np.zeros((rows, cap), dtype=np.float64), np.zeros((rows, cap), dtype=np.int8)
-        self.count, self.first_class = np.ones(rows, dtype=np.int64), np.ones(rows, dtype=np.int64)
 
     def arrays(self) -> tuple:
         """The kernels' `trees` group, in the TREES_ constants' order."""
