@@ -234,6 +234,9 @@ class LeadChances:
             self.pending = None
 
 
+TREE_BANDS = np.array([0.01, 0.03, 0.1, 0.3])  # TreeChances' band edges of a node's estimate
+
+
 class TreeChances:
     """What a tree node's estimated chance (DraftTrie.likeliest) is worth: learnt from the nodes verified.
 
@@ -242,7 +245,7 @@ class TreeChances:
     such nodes keep (a node any candidate holds is written with some chance of its own); a
     table node the lookup candidates did not hold, priced by the table's rank chances over
     every position, sits where lookup and the table disagree, and is kept far less often than
-    estimated while lookup's are kept more (docs/design.md, section 2's predictions). So the verified nodes are
+    estimated while lookup's are kept more (docs/design.md, section 2's predictions). So the nodes a step tells are
     counted per source (lookup's, the table's) in bands of their estimate (BANDS), and a
     node's chance is its estimate plus its cell's mean error so far (kept minus estimated,
     per node, shrunk toward PRIOR_ERROR by PRIOR_NODES pseudo-nodes), within [0, 1]
@@ -250,7 +253,7 @@ class TreeChances:
     kept drafter starts each request from what the last ones taught.
     """
 
-    BANDS = np.array([0.01, 0.03, 0.1, 0.3])  # band edges of the estimate
+    BANDS = TREE_BANDS
     # A guess, outweighed after a tree or two: a node the candidates hold at all is written with about 1% chance
     # (stories260K, every node verified: 0.2-1.8% below an estimate of 1%, by source and greedy or sampled).
     # Optimistic where verifying is nearly free, so that a new drafter tries its thin nodes and learns their worth.
@@ -258,18 +261,62 @@ class TreeChances:
     PRIOR_NODES = 64.0  # pseudo-nodes of PRIOR_ERROR per cell: one tree's worth
 
     def __init__(self):
-        self.nodes = np.zeros((2, len(self.BANDS) + 1))  # per source (0: lookup's, 1: the table's) and band: nodes verified
-        self.error = np.zeros((2, len(self.BANDS) + 1))  # and their summed (kept - estimate)
+        # [0]: per source (0: lookup's, 1: the table's) and band, the nodes told; [1]: their summed (written - estimate)
+        self.cells = np.zeros((2, 2, len(self.BANDS) + 1))
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.cells[0]
+
+    @property
+    def error(self) -> np.ndarray:
+        return self.cells[1]
 
     def correction(self, first_class: int) -> tuple:
         """likeliest_nodes' correction for a trie whose nodes from `first_class` on are the table's."""
         return first_class, self.BANDS, (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
 
-    def observe(self, estimates: np.ndarray, table: np.ndarray, kept: np.ndarray) -> None:
-        """Verified nodes' estimates, which are the table's (bool), and whether the model wrote each one's path (bool)."""
-        cell = table.astype(np.int64) * self.nodes.shape[1] + np.searchsorted(self.BANDS, estimates, side="right")
-        self.nodes += np.bincount(cell, minlength=self.nodes.size).reshape(self.nodes.shape)
-        self.error += np.bincount(cell, weights=kept - estimates, minlength=self.error.size).reshape(self.error.shape)
+    def observe(self, tree, nodes: int, written, kept: int, estimates: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """Learns from a step that verified the first `nodes` of `tree` (a likeliest tree, parents first), kept `kept`
+        of its nodes and wrote `written` (the kept tokens, then the model's own unless generation stopped); `estimates`
+        and `table`: each node's estimate, and whether it is the table's. Returns (len(tree),) bool: the nodes on the
+        path of written[:kept + 1].
+
+        Learnt from: the nodes the step told the truth of, each counted in its cell with whether the model wrote its
+        path. The verified nodes, and, where `written` holds the model's own token after the kept ones, the frontier:
+        the unverified nodes whose parent was verified (or is the root). The model wrote a token after every kept node
+        and none after the others, so each frontier node was written or not, as surely as a verified one. Which nodes
+        form the frontier is fixed before the step, so they are a fair sample of the nodes a sizer weighs next: a thin
+        node the sizer never buys is still learnt from. Deeper unverified nodes are left out: whether a node below the
+        model's own token is written is not yet told, and counting only those told would favour the unwritten.
+        Cost: one kernel call, O(len(tree) * BANDS)."""
+        frontier = nodes if len(written) > kept else -1  # the unverified nodes told: those whose parent is below it
+        return observe_told(tree.parents, tree.token_ids, nodes, frontier, np.asarray(written[: kept + 1], dtype=np.int64),
+                            estimates, table, self.cells) > 0
+
+
+@njit(cache=True)
+def observe_told(parents, token_ids, nodes, frontier, path, estimates, table, cells):  # pragma: no cover (compiled)
+    """TreeChances.observe's pass; returns on: on[i] node i's depth where it lies on `path` (engine.kernels.tree_kept's
+    rule), else 0. Each told node (i < nodes, or parents[i] < frontier) is counted in its cell (table[i], its estimate's
+    band: the TREE_BANDS edges at or below it): cells[0] += 1, cells[1] += (on path) - estimates[i], the step's sums
+    added to the totals once, cell by cell (as np.bincount would). O(len(parents) * len(TREE_BANDS))."""
+    on = np.empty(parents.shape[0], dtype=np.int64)
+    width = cells.shape[2]
+    step = np.zeros((2, 2, width))
+    for i in range(parents.shape[0]):
+        p = parents[i]
+        d = 1 if p < 0 else on[p] + 1 if on[p] > 0 else 0
+        on[i] = d if 0 < d <= path.shape[0] and token_ids[i] == path[d - 1] else 0
+        if i < nodes or p < frontier:
+            band = 0
+            while band < TREE_BANDS.shape[0] and TREE_BANDS[band] <= estimates[i]:
+                band += 1
+            source = 1 if table[i] else 0
+            step[0, source, band] += 1.0
+            step[1, source, band] += (1.0 if on[i] > 0 else 0.0) - estimates[i]
+    cells += step
+    return on
 
 
 def warm_up() -> int:

@@ -125,7 +125,7 @@ class Request:
         likeliest nodes, as many as pay under `cost` (sizing.rules.tree_size); the keep rate learns from `chain`.
         `promise`: the plan's gain is the tree's over its chain's (sizing.rules.tree_gain), else 1.0 (only the
         tree trial reads it: LoopCosts.observe). Once verified, the drafter's tree chances learn from the nodes the
-        step tells the truth of (told_nodes)."""
+        step tells the truth of (TreeChances.observe)."""
         chance = self.keep_chance(chain)
         tree, chances, (estimates, table) = self.drafter._likeliest_tree(max_tree_nodes, chance)
         nodes = tree_size(chances, cost)
@@ -144,13 +144,15 @@ class Request:
             kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
             sources = plan.draft.source_codes()
             # the kept nodes' sources: a chain's first `kept`; a tree's on the path of the kept tokens (parents first)
-            sources = sources[:kept] if plan.draft.is_chain or not kept else sources[on_path(plan.draft, written[:kept])]
+            if self.estimates is not None:  # a sized tree step: its likeliest tree's told nodes learnt from, its path read
+                tree, nodes, estimates, table = self.estimates  # (the draft is its first `nodes`: none of them on the path
+                on = self.drafter.tree_chances.observe(tree, nodes, written, kept, estimates, table)  # below the kept ones)
+                sources = sources[on[:nodes]]
+            elif kept and not plan.draft.is_chain:
+                sources = sources[on_path(plan.draft, written[:kept])]
+            else:
+                sources = sources[:kept]
             self.drafter.stats.record_accepted(kept, written=written, sources=sources)
-            if self.estimates is not None:
-                tree, nodes, estimates, table = self.estimates
-                told, kept_paths = told_nodes(tree, nodes, written, kept)
-                if len(told):
-                    self.drafter.tree_chances.observe(estimates[told], table[told], kept_paths)
         self.last, self.estimates = None, None
         self.drafter.extend(written)
         if self.slots is not None:  # the plan (if any, and of a chain) resolved against the tokens as written
@@ -172,24 +174,6 @@ class Request:
         if self.slots is not None:
             tokens = self.drafter.tokens
             kernels.settle_row(self.slots.state(), 0, tokens, tokens.shape[0])
-
-
-def told_nodes(tree: Draft, nodes: int, written: list[int], kept: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which nodes of a sized step's likeliest `tree` (of which it verified the first `nodes`) the step told the truth
-    of, and whether the model wrote each one's path: (indexes, bool).
-
-    The verified nodes, and, where `written` holds the model's own token after the `kept` drafted ones, the frontier:
-    the unverified nodes whose parent was verified (or is the root). The model wrote a token after every kept node
-    and none after the others, so each frontier node was written or not, as surely as a verified one. Which nodes
-    form the frontier is fixed before the step, so they are a fair sample of the nodes a sizer weighs next: a
-    thin node the sizer never buys is still learnt from. Deeper unverified nodes are left out: whether a node below
-    the model's own token is written is not yet told, and counting only those told would favour the unwritten.
-    """
-    told = np.arange(nodes)
-    if len(written) > kept:
-        frontier = np.flatnonzero(tree.parents[nodes:] < nodes) + nodes
-        told = np.concatenate([told, frontier])
-    return told, on_path(tree, written[: kept + 1])[told]
 
 
 def on_path(draft: Draft, kept: list[int]) -> np.ndarray:

@@ -174,6 +174,23 @@ def likeliest_reference(expected: dict, keep_chance: float) -> dict:
     return chance
 
 
+def told_reference(parents, token_ids, nodes: int, written: list[int], kept: int, estimates, table, bands):
+    """TreeChances.observe's learning in Python: (told nodes' (source, band) -> [count, summed written - estimate], each
+    node on the path of written[:kept + 1]). Told: the first `nodes`, and where written holds the model's own token
+    after the kept ones, every later node whose parent is one of them or the root."""
+    on = []
+    for i, p in enumerate(parents):
+        depth = 1 if p < 0 else on[p] + 1 if on[p] else 0
+        on.append(depth if 0 < depth <= min(kept + 1, len(written)) and token_ids[i] == written[depth - 1] else 0)
+    cells = {}
+    for i, p in enumerate(parents):
+        if i < nodes or (len(written) > kept and p < nodes):
+            cell = cells.setdefault((int(bool(table[i])), sum(edge <= estimates[i] for edge in bands)), [0, 0.0])
+            cell[0] += 1
+            cell[1] += (1.0 if on[i] else 0.0) - estimates[i]
+    return cells, [d > 0 for d in on]
+
+
 def reference_record(rows: dict, inputs, predicted, k):
     """{input id: its k predicted ids}, the last input of an id winning."""
     for t, ids in zip(inputs, predicted):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from lookahead import LookupDrafter, PredictionTable
 from lookahead import predictions as predictions_module
 from lookahead import trie as trie_module
+from lookahead.draft import Draft
 from lookahead.drafter import CARRY
 from lookahead.predictions import TreeChances
 from lookahead.trie import DraftTrie
@@ -285,9 +286,12 @@ def test_tree_chances_learn_what_each_band_of_estimates_keeps_per_source():
     estimates = np.array([0.002, 0.05, 0.5])
     prior = TreeChances.PRIOR_ERROR
     assert corrected(estimates, [0, 0, 1]).tolist() == pytest.approx([0.002 + prior[0], 0.05 + prior[2], 0.5 + prior[-1]])  # the prior's guess
+    # 20 thin roots (100..119), the likely 100 -> 120 and the table's likely root 121, every node verified
+    tree = Draft(np.arange(100, 122), np.array([-1] * 20 + [0, -1]))
     for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated; the table's likely one never
-        chances.observe(np.array([0.002] * 20 + [0.5, 0.5]), np.array([False] * 21 + [True]),
-                        np.array([True] + [False] * 19 + [bool(_ % 2 and _ % 4 == 1), False]))
+        likely_kept = bool(_ % 2 and _ % 4 == 1)
+        chances.observe(tree, 22, [100, 120, 7] if likely_kept else [100, 7], 1 + likely_kept, np.array([0.002] * 20 + [0.5, 0.5]),
+                        np.array([False] * 21 + [True]))
     assert corrected(estimates, [0, 0, 0]).tolist() == pytest.approx([0.05, 0.05 + prior[2], 0.25], abs=0.02)
     shrunk = (0.5 + prior[-1]) * TreeChances.PRIOR_NODES / (1000 + TreeChances.PRIOR_NODES)  # the table's: never kept, the prior's pull left
     assert corrected(np.array([0.002, 0.5]), [1, 1]).tolist() == pytest.approx([0.002 + prior[0], shrunk])

@@ -8,9 +8,10 @@ import pytest
 from lookahead import LookupDrafter, TokenStore
 from lookahead.engine import kernels
 from lookahead.draft import Draft
-from lookahead.request import Request, on_path, told_nodes
+from lookahead.predictions import TreeChances
+from lookahead.request import Request, on_path
 from lookahead.sizing.cost import CostCurve, LineCost
-from tests.reference import KeepRate
+from tests.reference import KeepRate, told_reference
 
 
 def started(tokens, **options) -> Request:
@@ -82,12 +83,44 @@ def test_a_sized_tree_step_verifies_the_likeliest_nodes_that_pay_and_learns_what
 def test_a_step_tells_its_verified_nodes_and_their_frontier():
     # 3 -> 5 -> 8, 4 -> 6, 4 -> 5; the step verified the first two nodes (3 and 4)
     tree = Draft(np.array([3, 4, 5, 6, 5, 8]), np.array([-1, -1, 0, 1, 1, 2]))
-    told, written = told_nodes(tree, 2, [4, 5], kept=1)  # kept 4, then wrote 5: 4 -> 5 written, 4 -> 6 and 3 -> 5 not
-    assert told.tolist() == [0, 1, 2, 3, 4] and written.tolist() == [False, True, False, False, True]  # 8: its parent unverified
-    told, written = told_nodes(tree, 2, [4], kept=1)  # stopped after 4: the model's next token untold, so no frontier
-    assert told.tolist() == [0, 1] and written.tolist() == [False, True]
-    told, written = told_nodes(tree, 0, [3], kept=0)  # a plain step still tells the root's children
-    assert told.tolist() == [0, 1] and written.tolist() == [True, False]
+    estimates, table = np.array([0.0, 0.02, 0.05, 0.2, 0.5, 0.0]), np.array([False] * 5 + [True])  # a cell of its own each
+
+    def told(nodes, written, kept):  # the nodes counted, and those counted as written
+        chances = TreeChances()
+        on = chances.observe(tree, nodes, written, kept, estimates, table)
+        cells = [(0, band) for band in range(5)] + [(1, 0)]
+        return [i for i, cell in enumerate(cells) if chances.nodes[cell]], [i for i, cell in enumerate(cells) if chances.error[cell] > 0], on
+
+    told_nodes, written, on = told(2, [4, 5], kept=1)  # kept 4, then wrote 5: 4 -> 5 written, 4 -> 6 and 3 -> 5 not
+    assert told_nodes == [0, 1, 2, 3, 4] and written == [1, 4]  # 8: its parent unverified
+    assert on.tolist() == [False, True, False, False, True, False]
+    told_nodes, written, _ = told(2, [4], kept=1)  # stopped after 4: the model's next token untold, so no frontier
+    assert told_nodes == [0, 1] and written == [1]
+    told_nodes, written, _ = told(0, [3], kept=0)  # a plain step still tells the root's children
+    assert told_nodes == [0, 1] and written == [0]
+
+
+def test_tree_chances_learn_exactly_what_the_reference_counts():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(0, 24))
+        parents = np.array([int(rng.integers(-1, i)) for i in range(n)], dtype=np.int64)
+        tree = Draft(rng.integers(0, 3, n), parents)
+        nodes, kept = int(rng.integers(0, n + 1)), int(rng.integers(0, 4))
+        written = rng.integers(0, 3, int(rng.integers(0, kept + 2))).tolist()
+        estimates, table = rng.random(n) ** 3, rng.random(n) < 0.3
+        chances = TreeChances()
+        chances.cells[:] = rng.random(chances.cells.shape)
+        before = chances.cells.copy()
+        on = chances.observe(tree, nodes, written, kept, estimates, table)
+        cells, on_reference = told_reference(parents, tree.token_ids, nodes, written, kept, estimates, table, TreeChances.BANDS)
+        assert on.tolist() == on_reference
+        expected = before.copy()
+        for (source, band), (count, error) in cells.items():
+            expected[0, source, band] += count
+            expected[1, source, band] += error
+        assert np.allclose(chances.cells, expected, rtol=0, atol=1e-12)
+        assert on[: nodes].tolist() == on_path(Draft(tree.token_ids[:nodes], parents[:nodes]), written[: kept + 1]).tolist()
 
 
 def test_a_sized_tree_step_learns_from_the_nodes_it_did_not_buy():
