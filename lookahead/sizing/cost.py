@@ -16,6 +16,8 @@ UNPRICED = 1e6  # the relative cost of a block nothing has priced yet: no draft 
 NO_CAP = -1  # StepCosts._cap: no seen wider width
 LEAST_BLOCK = 0.8  # no block costs less than this share of a plain step (the least measured: 0.92, bfloat16, 2 tokens)
 ONCE_DEAREST = 2.0  # a width's one step prices it at most this many times its unseen price (a stall's share of it)
+MEASURED = 2  # StepCosts: a width priced by this many of its steps is measured (chain_size probes no further)
+PRICE_CHANGED, NEWLY_SEEN = 1, 2  # observe_width's news (0: no price that price_widths reads changed)
 
 
 def cost_curve(points) -> np.ndarray:
@@ -122,7 +124,7 @@ class StepCosts(CostCurve):
     NOISE = 0.05  # relative step-time differences smaller than this are noise (run-to-run spread)
     WINDOW = 4  # a width is priced by the least of its last WINDOW steps
     MAX_AGE = 32  # a width not stepped at for this many one-row steps is priced as unseen
-    MEASURED = 2  # a width priced by this many of its steps is measured (chain_size probes no further)
+    MEASURED = MEASURED
     LEAST_BLOCK = LEAST_BLOCK
 
     def __init__(self, seconds=None, *, head_ratio: float = 0.0):
@@ -182,22 +184,10 @@ class StepCosts(CostCurve):
         if not self.warm[w]:  # the first step at a width carries torch's one-time costs for that shape: not learnt from
             self.warm[w] = True
             return
-        self.recent[w, self.steps[w] % self.WINDOW] = seconds
-        self.steps[w] += 1
         self.last[w] = self.clock
-        least = float(self.recent[w].min())
-        # what price_widths reads changed (most steps change nothing: a width's least step stands): priced again
-        priced = self.seconds if self.seen[w] else self.once  # until MEASURED steps, one step prices it within ONCE_DEAREST
-        changed = priced[w] != least                          # of its unseen price (price_widths)
-        priced[w] = least
-        if w > 1 and self.seen[1] and least / self.LEAST_BLOCK < self.seconds[1]:  # a plain step's own steps may all
-            self.seconds[1] = least / self.LEAST_BLOCK  # have stalled, and drafting steps never tell it again
-            changed = True
-        newly_seen = not self.seen[w] and self.steps[w] >= self.MEASURED
-        if newly_seen:
-            self.seen[w], self.seconds[w], self.once[w] = True, least, np.inf
-        if newly_seen or self.clock >= self._expires:
-            changed = True
+        status = observe_width(self.recent, self.steps, self.seconds, self.once, self.seen, w, seconds)
+        if status == NEWLY_SEEN or self.clock >= self._expires:
+            status = PRICE_CHANGED
             stale = self.seen & (self.clock - self.last > self.MAX_AGE)
             if stale.any():  # forgotten: priced as unseen, and its old steps no longer count
                 self.seen[stale] = False
@@ -208,8 +198,8 @@ class StepCosts(CostCurve):
             self._expires = (self.last[self.seen].min() if self.seen.any() else self.clock) + self.MAX_AGE + 1
             self._anchors()
             self._chord()
-        if changed:
-            self._fixed = None  # priced again when next read
+        if status:  # priced again when next read
+            self._fixed = None
             self._priced = None
 
     def measured(self, width: int) -> bool:
@@ -244,6 +234,29 @@ class StepCosts(CostCurve):
             self._priced = price_widths(self.seconds, self.once, self._seen_widths, self._anchor, self._cap, self.calibrated,
                                         self.NOISE, self.seed is None)
         return self._priced[: last + 1] if last < self._priced.shape[0] else extend_linearly(self._priced, last)
+
+@njit(cache=True)
+def observe_width(recent, steps, seconds, once, seen, w, value):  # pragma: no cover (compiled)
+    """StepCosts.observe's update of width w by a step of `value` seconds: its ring of recent steps, and the price their
+    least sets (seconds where seen; until MEASURED steps, once: one step prices it within ONCE_DEAREST of its unseen
+    price, price_widths). Returns NEWLY_SEEN where w now has MEASURED steps, else PRICE_CHANGED where a price that
+    price_widths reads changed (most steps change none: a width's least step stands), else 0."""
+    recent[w, steps[w] % recent.shape[1]] = value
+    steps[w] += 1
+    least = recent[w, 0]
+    for j in range(1, recent.shape[1]):
+        least = min(least, recent[w, j])
+    priced = seconds if seen[w] else once
+    status = PRICE_CHANGED if priced[w] != least else 0
+    priced[w] = least
+    if w > 1 and seen[1] and least / LEAST_BLOCK < seconds[1]:  # a plain step's own steps may all have stalled,
+        seconds[1] = least / LEAST_BLOCK  # and drafting steps never tell it again
+        status = PRICE_CHANGED
+    if not seen[w] and steps[w] >= MEASURED:
+        seen[w], seconds[w], once[w] = True, least, np.inf
+        status = NEWLY_SEEN
+    return status
+
 
 @njit(cache=True)
 def price_widths(seconds, once, seen_widths, anchor, cap, calibrated, noise, fit):  # pragma: no cover (compiled)
