@@ -70,31 +70,26 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
     if not is_tree and cache.real is None and not any(skips) and min(lengths) == width:
         # the model's own causal mask; every row's positions follow its S real slots
         return Block(tokens, torch.arange(slots, slots + width).expand(rows, width), None, ids, parents, skips, u, False)
+    if is_tree:  # every row's positions and what its queries may not see, in one kernel call (tree_rows)
+        hidden, positions = np.empty((rows, width, width), dtype=np.bool_), np.empty((rows, width), dtype=np.int64)
+        starts = np.zeros(rows + 1, dtype=np.int64)
+        starts[1:] = np.cumsum([len(draft) for draft in drafts])
+        tree_rows(u, np.concatenate([draft.parents for draft in drafts]), starts, np.asarray(skips, dtype=np.int64),
+                  np.asarray(lengths, dtype=np.int64), np.asarray(cache.real_tokens(), dtype=np.int64), hidden, positions)
+        attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
+        low = torch.finfo(dtype).min
+        if cache.real is not None:  # holes or padding in the cache
+            attention[:, 0, :, :slots].masked_fill_(~cache.real[:, None, :], low)
+        attention[:, 0, :, slots:].masked_fill_(torch.from_numpy(hidden), low)
+        return Block(tokens, torch.from_numpy(positions), attention, ids, parents, skips, u, True)
     # Entry j of row r is a real token of it for skip[r] <= j < its length; in a chain it sits at position
     # cached[r] + j - skip[r] (its real tokens before it); padding and fill at 1, as plain generate's padding.
     entry = np.arange(width)
     skip, length = np.asarray(skips)[:, None], np.asarray(lengths)[:, None]
     block_keys = (entry >= skip) & (entry < length)  # (rows, width) which block entries are real tokens of the row
     positions = np.where(block_keys, np.asarray(cache.real_tokens())[:, None] - skip + entry, 1)  # (rows, width) int64
-    if not is_tree:
-        return Block(tokens, torch.from_numpy(positions), torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(),
-                     ids, parents, skips, u, False)
-    # Every query sees the row's real cached slots; within the block, its ancestors and itself. A tree's nodes sit at
-    # its last uncached token's position + their depth.
-    visible = np.zeros((rows, width, width), dtype=bool)  # (rows, queries, block keys); a chain row's: causal
-    depth = np.zeros(width, dtype=np.int64)
-    for r, draft in enumerate(drafts):
-        tree_block(u, draft.parents, visible[r], depth)
-        positions[r, u : lengths[r]] = positions[r, u - 1] + depth[: len(draft)]
-    positions = torch.from_numpy(positions)
-    visible &= block_keys[:, None, :]  # no key of padding or fill
-    visible[:, np.arange(width), np.arange(width)] = True  # every query sees itself (fill included)
-    attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
-    low = torch.finfo(dtype).min
-    if cache.real is not None:  # holes or padding in the cache
-        attention[:, 0, :, :slots].masked_fill_(~cache.real[:, None, :], low)
-    attention[:, 0, :, slots:].masked_fill_(torch.from_numpy(~visible), low)
-    return Block(tokens, positions, attention, ids, parents, skips, u, True)
+    return Block(tokens, torch.from_numpy(positions), torch.cat([cache.slots(), torch.from_numpy(block_keys)], dim=1).long(),
+                 ids, parents, skips, u, False)
 
 
 def forward_block(model, block, cache: RowCache, logits_to_keep: bool, device) -> tuple[torch.Tensor, int]:
@@ -120,28 +115,44 @@ def id_tensor(ids: list) -> torch.Tensor:
 
 
 def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
-    """(u + n, u + n) bools: block token j is token i or one of its ancestors (tree_block's)."""
-    visible = np.zeros((u + parents.shape[0],) * 2, dtype=bool)
-    tree_block(u, parents, visible, np.zeros(parents.shape[0], dtype=np.int64))
-    return visible
+    """(u + n, u + n) bools: block token j is token i or one of its ancestors (one row's tree_rows, read the other way)."""
+    width = u + parents.shape[0]
+    hidden, positions = np.empty((1, width, width), dtype=np.bool_), np.empty((1, width), dtype=np.int64)
+    none = np.zeros(1, dtype=np.int64)
+    tree_rows(u, parents, np.array([0, parents.shape[0]]), none, np.array([width]), none, hidden, positions)
+    return ~hidden[0]
 
 
 @njit(cache=True)
-def tree_block(u, parents, visible, depth):  # pragma: no cover (compiled)
-    """A block of u uncached tokens, then the draft nodes (parents[i] < i, -1: the last uncached token): sets
-    visible[i, j] (all False before) where block token j is token i or one of its ancestors, and depth[i] to draft
-    node i's depth (1 for a root). The uncached tokens form a causal chain and every node descends from its end,
-    so a node's row is its parent's and itself. O((u + n)^2)."""
-    for i in range(u):
-        for j in range(i + 1):
-            visible[i, j] = True
-    for i in range(parents.shape[0]):
-        row, p = u + i, parents[i]
-        above = u - 1 if p < 0 else u + p  # its parent's block entry
-        for j in range(above + 1):
-            visible[row, j] = visible[above, j]
-        visible[row, row] = True
-        depth[i] = 1 if p < 0 else depth[p] + 1
+def tree_rows(u, parents, starts, skips, lengths, real, hidden, positions):  # pragma: no cover (compiled)
+    """A tree block's rows: row r's u uncached tokens, then its draft's nodes parents[starts[r]:starts[r + 1]]
+    (parents[i] < i, -1: the last uncached token), its entries skips[r] <= j < lengths[r] its real tokens (the rest:
+    padding, fill). Writes every hidden[r, i, j]: whether query i may not see block key j. A query sees its own entry
+    and, of the row's real tokens, the uncached ones up to it (a causal chain), or a node its ancestors (a node's
+    row is its parent's and itself). Writes positions[r, j]: a real uncached token's real[r] - skips[r] + j (real[r]:
+    the row's real cached tokens), a node's its last uncached token's + its depth (1 for a root), padding and fill
+    at 1. O(rows * width^2)."""
+    width = hidden.shape[1]
+    for r in range(hidden.shape[0]):
+        skip, length, first = skips[r], lengths[r], starts[r]
+        hidden[r] = True
+        for i in range(u):
+            positions[r, i] = real[r] - skip + i
+            for j in range(i + 1):
+                hidden[r, i, j] = False
+        for i in range(starts[r + 1] - first):
+            row, p = u + i, parents[first + i]
+            above = u - 1 if p < 0 else u + p  # its parent's block entry
+            for j in range(above + 1):
+                hidden[r, row, j] = hidden[r, above, j]
+            hidden[r, row, row] = False
+            positions[r, row] = positions[r, above] + 1
+        for j in range(width):
+            if j < skip or j >= length:  # no key of padding or fill, at position 1
+                for i in range(width):
+                    hidden[r, i, j] = True
+                positions[r, j] = 1
+            hidden[r, j, j] = False  # every query sees itself (fill included)
 
 
 def walk(processors, logits: torch.Tensor, first: int, tokens: list[int], parents: list[int], u: int, sequence: list[int],
@@ -221,6 +232,8 @@ def stop_index(sequence: list[int], new: list[int], max_len: int, eos: frozenset
     checks it, in one batched call on the last tokens it reads (first_stop); `criteria`
     (user stopping criteria) after every token too.
     """
+    if stop is None and not criteria and len(sequence) + len(new) < max_len and eos.isdisjoint(new):
+        return None  # (most steps: no token below can stop it)
     completes = len(new) if stop is None else first_stop([stop], torch.tensor(sequence[-stop.maximum_token_len :]), np.asarray(new))
     for i, token in enumerate(new):
         length = len(sequence) + i + 1
