@@ -263,6 +263,7 @@ class TreeChances:
     def __init__(self):
         # [0]: per source (0: lookup's, 1: the table's) and band, the nodes told; [1]: their summed (written - estimate)
         self.cells = np.zeros((2, 2, len(self.BANDS) + 1))
+        self._errors: np.ndarray | None = None  # correction's mean errors, until the next observe
 
     @property
     def nodes(self) -> np.ndarray:
@@ -274,7 +275,9 @@ class TreeChances:
 
     def correction(self, first_class: int) -> tuple:
         """likeliest_nodes' correction for a trie whose nodes from `first_class` on are the table's."""
-        return first_class, self.BANDS, (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
+        if self._errors is None:  # (computed again after each observe)
+            self._errors = (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
+        return first_class, self.BANDS, self._errors
 
     def observe(self, tree, nodes: int, written, kept: int, estimates: np.ndarray, table: np.ndarray) -> np.ndarray:
         """Learns from a step that verified the first `nodes` of `tree` (a likeliest tree, parents first), kept `kept`
@@ -291,6 +294,7 @@ class TreeChances:
         model's own token is written is not yet told, and counting only those told would favour the unwritten.
         Cost: one kernel call, O(len(tree) * BANDS)."""
         frontier = nodes if len(written) > kept else -1  # the unverified nodes told: those whose parent is below it
+        self._errors = None
         return observe_told(tree.parents, tree.token_ids, nodes, frontier, np.asarray(written[: kept + 1], dtype=np.int64),
                             estimates, table, self.cells) > 0
 

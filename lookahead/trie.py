@@ -354,9 +354,11 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
 
 
 @njit(cache=True)
-def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_nodes, out_estimates, out_chances):
-    """Writes the `max_tree_nodes` non-root nodes the model likeliest writes the root path of, likeliest first,
-    to out_nodes, each one's estimate to out_estimates and its chance to out_chances; returns how many.
+def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_ids, out_chances, out_flags):
+    """Writes the `max_tree_nodes` non-root nodes the model likeliest writes the root path of, likeliest first:
+    out_ids[0] their tokens, out_ids[1] their parents' indexes among them (-1: the root), out_chances[0] each one's
+    estimate and out_chances[1] its chance, out_flags[0] its origin and out_flags[1] 1 where it is the table's
+    (created at or after first_class); returns how many.
 
     A node's estimate is its parent's times the chance that the model's next token after the parent
     is this node's: keep_chance (lookup's, per token: engine.kernels.keep_chance) for the parent's
@@ -391,10 +393,14 @@ def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_no
         chance[node] = min(max(corrected, 0.0), chance[u])
     order = np.argsort(-chance[1:], kind="mergesort")  # stable: equal chances keep creation order
     taken = min(max_tree_nodes, count - 1)
+    slot = np.full(count, -1, dtype=np.int64)  # trie node -> its index among the taken (-1: not taken; the root)
+    token, origin = trie[TRIE_TOKEN], trie[TRIE_ORIGIN]
     for i in range(taken):
-        out_nodes[i] = order[i] + 1
-        out_estimates[i] = estimate[order[i] + 1]
-        out_chances[i] = chance[order[i] + 1]
+        node = order[i] + 1
+        out_chances[0, i], out_chances[1, i] = estimate[node], chance[node]
+        slot[node] = i  # (its parent, likelier or as likely and created first, is taken before it)
+        out_ids[0, i], out_ids[1, i] = token[node], slot[parent[node]]
+        out_flags[0, i], out_flags[1, i] = origin[node], 1 if node >= first_class else 0
     return taken
 
 
@@ -596,15 +602,10 @@ class DraftTrie:
         bands, errors), None: chances are the estimates): every prefix is a tree, parents before children, -1 the
         root; `table` (bool) marks the nodes created at or after first_class; then their origins (int8)."""
         correction = NO_CORRECTION if correction is None else correction
-        nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
-        estimates = np.empty(nodes.shape[0], dtype=np.float64)
-        chances = np.empty(nodes.shape[0], dtype=np.float64)
-        taken = likeliest_nodes(self._arrays, self._count, float(keep_chance), max_tree_nodes, correction, nodes, estimates, chances)
-        nodes = nodes[:taken]
-        slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
-        slot[nodes] = np.arange(taken)
-        return (self._token[nodes], slot[self._parent[nodes]], chances[:taken], estimates[:taken], nodes >= correction[0],
-                self._origin[nodes])
+        n = max(max_tree_nodes, 0)
+        ids, chances, flags = np.empty((2, n), dtype=np.int64), np.empty((2, n), dtype=np.float64), np.empty((2, n), dtype=np.int8)
+        taken = likeliest_nodes(self._arrays, self._count, float(keep_chance), max_tree_nodes, correction, ids, chances, flags)
+        return ids[0, :taken], ids[1, :taken], chances[1, :taken], chances[0, :taken], flags[1, :taken].view(np.bool_), flags[0, :taken]
 
     def reserve(self, capacity: int) -> None:
         """Room for `capacity` nodes, the root included (`arrays` is rebuilt where the buffers grow)."""
