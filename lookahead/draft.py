@@ -376,7 +376,7 @@ class DraftSource(Protocol):
     def _likeliest_tree(self, max_tree_nodes: int, keep_chance: float) -> tuple[Draft, np.ndarray, tuple]:
         """The last `propose(..., hedged=True)`'s candidates the model likeliest writes, likeliest first (at most
         `max_tree_nodes`; every prefix a tree), each one's chance, lookup's next token kept with `keep_chance`, and
-        what the source's `tree_chances.observe(tree, nodes, written, kept, *learnt)` learns from once they are verified."""
+        what the source's `tree_chances.observe` learns from once they are verified: (estimates, which are the table's)."""
 
     def _record_predictions(self, inputs, predicted) -> None:
         """The model's likeliest next tokens after each of `inputs` ((n,) ids; predicted (n, k) ids, likeliest first),

@@ -279,48 +279,38 @@ class TreeChances:
             self._errors = (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
         return first_class, self.BANDS, self._errors
 
-    def observe(self, tree, nodes: int, written, kept: int, estimates: np.ndarray, table: np.ndarray) -> np.ndarray:
-        """Learns from a step that verified the first `nodes` of `tree` (a likeliest tree, parents first), kept `kept`
-        of its nodes and wrote `written` (the kept tokens, then the model's own unless generation stopped); `estimates`
-        and `table`: each node's estimate, and whether it is the table's. Returns (len(tree),) bool: the nodes on the
-        path of written[:kept + 1].
+    def observe(self, parents: np.ndarray, nodes: int, frontier: bool, written: np.ndarray, estimates: np.ndarray,
+                table: np.ndarray) -> None:
+        """Learns from a step that verified the first `nodes` of a likeliest tree (its `parents`, parents first);
+        `frontier`: the step wrote the model's own token after the kept nodes; per node, `written` (bool) whether the
+        model wrote its path, `estimates` its estimate and `table` whether it is the table's.
 
         Learnt from: the nodes the step told the truth of, each counted in its cell with whether the model wrote its
-        path. The verified nodes, and, where `written` holds the model's own token after the kept ones, the frontier:
-        the unverified nodes whose parent was verified (or is the root). The model wrote a token after every kept node
-        and none after the others, so each frontier node was written or not, as surely as a verified one. Which nodes
-        form the frontier is fixed before the step, so they are a fair sample of the nodes a sizer weighs next: a thin
-        node the sizer never buys is still learnt from. Deeper unverified nodes are left out: whether a node below the
-        model's own token is written is not yet told, and counting only those told would favour the unwritten.
-        Cost: one kernel call, O(len(tree) * BANDS)."""
-        frontier = nodes if len(written) > kept else -1  # the unverified nodes told: those whose parent is below it
+        path. The verified nodes, and, with `frontier`, the unverified nodes whose parent was verified (or is the
+        root): the model wrote a token after every kept node and none after the others, so each frontier node was
+        written or not, as surely as a verified one. Which nodes form the frontier is fixed before the step, so they
+        are a fair sample of the nodes a sizer weighs next: a thin node the sizer never buys is still learnt from.
+        Deeper unverified nodes are left out: whether a node below the model's own token is written is not yet told,
+        and counting only those told would favour the unwritten. Cost: one kernel call, O(len(parents) * BANDS)."""
         self._errors = None
-        return observe_told(tree.parents, tree.token_ids, nodes, frontier, np.asarray(written[: kept + 1], dtype=np.int64),
-                            estimates, table, self.cells) > 0
+        observe_told(parents, nodes, nodes if frontier else -1, written, estimates, table, self.cells)
 
 
 @njit(cache=True)
-def observe_told(parents, token_ids, nodes, frontier, path, estimates, table, cells):  # pragma: no cover (compiled)
-    """TreeChances.observe's pass; returns on: on[i] node i's depth where it lies on `path` (engine.kernels.tree_kept's
-    rule), else 0. Each told node (i < nodes, or parents[i] < frontier) is counted in its cell (table[i], its estimate's
-    band: the TREE_BANDS edges at or below it): cells[0] += 1, cells[1] += (on path) - estimates[i], the step's sums
-    added to the totals once, cell by cell (as np.bincount would). O(len(parents) * len(TREE_BANDS))."""
-    on = np.empty(parents.shape[0], dtype=np.int64)
-    width = cells.shape[2]
-    step = np.zeros((2, 2, width))
+def observe_told(parents, nodes, frontier, written, estimates, table, cells):  # pragma: no cover (compiled)
+    """TreeChances.observe's pass: each told node (i < nodes, or parents[i] < frontier) counted in its cell (table[i],
+    its estimate's band: the TREE_BANDS edges at or below it), cells[0] += 1 and cells[1] += written[i] -
+    estimates[i], the step's sums added to the totals once, cell by cell (as np.bincount would). O(n * bands)."""
+    step = np.zeros(cells.shape)
     for i in range(parents.shape[0]):
-        p = parents[i]
-        d = 1 if p < 0 else on[p] + 1 if on[p] > 0 else 0
-        on[i] = d if 0 < d <= path.shape[0] and token_ids[i] == path[d - 1] else 0
-        if i < nodes or p < frontier:
+        if i < nodes or parents[i] < frontier:
             band = 0
             while band < TREE_BANDS.shape[0] and TREE_BANDS[band] <= estimates[i]:
                 band += 1
             source = 1 if table[i] else 0
             step[0, source, band] += 1.0
-            step[1, source, band] += (1.0 if on[i] > 0 else 0.0) - estimates[i]
+            step[1, source, band] += (1.0 if written[i] else 0.0) - estimates[i]
     cells += step
-    return on
 
 
 def warm_up() -> int:

@@ -144,9 +144,10 @@ class Request:
             kept = min(max(len(written) - 1 if accepted is None else accepted, 0), len(plan.draft))
             sources = plan.draft.source_codes()
             # the kept nodes' sources: a chain's first `kept`; a tree's on the path of the kept tokens (parents first)
-            if self.estimates is not None:  # a sized tree step: its likeliest tree's told nodes learnt from, its path read
-                tree, nodes, estimates, table = self.estimates  # (the draft is its first `nodes`: none of them on the path
-                on = self.drafter.tree_chances.observe(tree, nodes, written, kept, estimates, table)  # below the kept ones)
+            if self.estimates is not None:  # a sized tree step: what it told of its likeliest tree is learnt (TreeChances)
+                tree, nodes, estimates, table = self.estimates
+                on = on_path(tree, written[: kept + 1])  # (the draft, its first `nodes`, holds none past the kept ones)
+                self.drafter.tree_chances.observe(tree.parents, nodes, len(written) > kept, on, estimates, table)
                 sources = sources[on[:nodes]]
             elif kept and not plan.draft.is_chain:
                 sources = sources[on_path(plan.draft, written[:kept])]

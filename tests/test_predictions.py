@@ -11,6 +11,7 @@ from lookahead import trie as trie_module
 from lookahead.draft import Draft
 from lookahead.drafter import CARRY
 from lookahead.predictions import TreeChances
+from lookahead.request import on_path
 from lookahead.trie import DraftTrie
 from tests.reference import reference_expansion, reference_ranks, reference_record
 from tests.test_trie import node_weights
@@ -290,8 +291,8 @@ def test_tree_chances_learn_what_each_band_of_estimates_keeps_per_source():
     tree = Draft(np.arange(100, 122), np.array([-1] * 20 + [0, -1]))
     for _ in range(1000):  # thin nodes kept 5% of the time, the likely one half as often as estimated; the table's likely one never
         likely_kept = bool(_ % 2 and _ % 4 == 1)
-        chances.observe(tree, 22, [100, 120, 7] if likely_kept else [100, 7], 1 + likely_kept, np.array([0.002] * 20 + [0.5, 0.5]),
-                        np.array([False] * 21 + [True]))
+        chances.observe(tree.parents, 22, True, on_path(tree, [100, 120, 7] if likely_kept else [100, 7]),
+                        np.array([0.002] * 20 + [0.5, 0.5]), np.array([False] * 21 + [True]))
     assert corrected(estimates, [0, 0, 0]).tolist() == pytest.approx([0.05, 0.05 + prior[2], 0.25], abs=0.02)
     shrunk = (0.5 + prior[-1]) * TreeChances.PRIOR_NODES / (1000 + TreeChances.PRIOR_NODES)  # the table's: never kept, the prior's pull left
     assert corrected(np.array([0.002, 0.5]), [1, 1]).tolist() == pytest.approx([0.002 + prior[0], shrunk])

@@ -87,16 +87,15 @@ def test_a_step_tells_its_verified_nodes_and_their_frontier():
 
     def told(nodes, written, kept):  # the nodes counted, and those counted as written
         chances = TreeChances()
-        on = chances.observe(tree, nodes, written, kept, estimates, table)
+        chances.observe(tree.parents, nodes, len(written) > kept, on_path(tree, written[: kept + 1]), estimates, table)
         cells = [(0, band) for band in range(5)] + [(1, 0)]
-        return [i for i, cell in enumerate(cells) if chances.nodes[cell]], [i for i, cell in enumerate(cells) if chances.error[cell] > 0], on
+        return [i for i, cell in enumerate(cells) if chances.nodes[cell]], [i for i, cell in enumerate(cells) if chances.error[cell] > 0]
 
-    told_nodes, written, on = told(2, [4, 5], kept=1)  # kept 4, then wrote 5: 4 -> 5 written, 4 -> 6 and 3 -> 5 not
+    told_nodes, written = told(2, [4, 5], kept=1)  # kept 4, then wrote 5: 4 -> 5 written, 4 -> 6 and 3 -> 5 not
     assert told_nodes == [0, 1, 2, 3, 4] and written == [1, 4]  # 8: its parent unverified
-    assert on.tolist() == [False, True, False, False, True, False]
-    told_nodes, written, _ = told(2, [4], kept=1)  # stopped after 4: the model's next token untold, so no frontier
+    told_nodes, written = told(2, [4], kept=1)  # stopped after 4: the model's next token untold, so no frontier
     assert told_nodes == [0, 1] and written == [1]
-    told_nodes, written, _ = told(0, [3], kept=0)  # a plain step still tells the root's children
+    told_nodes, written = told(0, [3], kept=0)  # a plain step still tells the root's children
     assert told_nodes == [0, 1] and written == [0]
 
 
@@ -112,7 +111,8 @@ def test_tree_chances_learn_exactly_what_the_reference_counts():
         chances = TreeChances()
         chances.cells[:] = rng.random(chances.cells.shape)
         before = chances.cells.copy()
-        on = chances.observe(tree, nodes, written, kept, estimates, table)
+        on = on_path(tree, written[: kept + 1])
+        chances.observe(parents, nodes, len(written) > kept, on, estimates, table)
         cells, on_reference = told_reference(parents, tree.token_ids, nodes, written, kept, estimates, table, TreeChances.BANDS)
         assert on.tolist() == on_reference
         expected = before.copy()

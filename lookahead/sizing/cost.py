@@ -235,6 +235,7 @@ class StepCosts(CostCurve):
                                         self.NOISE, self.seed is None)
         return self._priced[: last + 1] if last < self._priced.shape[0] else extend_linearly(self._priced, last)
 
+
 @njit(cache=True)
 def observe_width(recent, steps, seconds, once, seen, w, value):  # pragma: no cover (compiled)
     """StepCosts.observe's update of width w by a step of `value` seconds: its ring of recent steps, and the price their
