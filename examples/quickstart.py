@@ -54,11 +54,13 @@ print(
     "model writing it would keep it, and every forward pass still runs, so the costs are real).\n"
 )
 
-# One short plain call first: torch's one-time costs of a process (thread pools, kernels for
-# these shapes), which whichever call came first would pay. Nothing is calibrated: the drafter
+# One short call each way first: torch's one-time costs of a process (thread pools, kernels for
+# these shapes), which whichever call came first would pay, and, the first time after an install,
+# lookahead's compiled kernels (about 10 s, then cached on disk). Nothing is calibrated: the drafter
 # sizes its drafts from the call's own steps (`lookahead bench --cold` times a first call).
 with torch.inference_mode():
-    model.generate(input_ids[:, -16:], max_new_tokens=4, do_sample=False, pad_token_id=options["pad_token_id"])
+    for warm in ({}, {"assistant_model": LookupDrafter()}):
+        model.generate(input_ids, **{**options, "max_new_tokens": 16}, **warm)
 
 results, speed = {}, {}
 drafter = LookupDrafter()
