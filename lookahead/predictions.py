@@ -26,17 +26,27 @@ DEFAULT_TOP_K = 8  # the model's k likeliest next tokens kept per input id (Toke
 
 
 @njit(cache=True)
-def record_rows(ids, inputs, predicted):
-    """ids[inputs[i]] = predicted[i] for each i in order (a later input of the same id wins);
-    inputs outside [0, rows) are skipped, predicted ids outside [0, rows) stored as -1 (none). O(n * k)."""
+def record_rows(ids, inputs, predicted):  # pragma: no cover (compiled)
+    """ids[inputs[i]] = predicted[i]'s first k ids (k = ids.shape[1]; -1 past predicted's width, and for a negative id),
+    for each i in order (a later input of the same id wins); negative inputs skipped. Returns 0, or, where an input or a
+    kept id has no row, the rows needed (the largest + 1) and writes nothing: grow the table and call again. O(n * k)."""
     rows, k = ids.shape
+    width = min(k, predicted.shape[1])
+    largest = -1
+    for i in range(inputs.shape[0]):
+        largest = max(largest, inputs[i])
+        for r in range(width):
+            largest = max(largest, predicted[i, r])
+    if largest >= rows:
+        return largest + 1
     for i in range(inputs.shape[0]):
         t = inputs[i]
-        if t < 0 or t >= rows:
+        if t < 0:
             continue
         for r in range(k):
-            v = predicted[i, r]
-            ids[t, r] = v if 0 <= v < rows else -1
+            v = predicted[i, r] if r < width else -1
+            ids[t, r] = v if v >= 0 else -1
+    return 0
 
 
 @njit(cache=True)
@@ -112,12 +122,13 @@ class PredictionTable:
             raise ValueError(f"predicted must be ({inputs.shape[0]}, k) ids, got shape {predicted.shape}")
         if inputs.shape[0] == 0:
             return
-        kept = np.full((inputs.shape[0], self.k), -1, dtype=np.int64)
-        kept[:, : min(self.k, predicted.shape[1])] = predicted[:, : self.k]
-        predicted = kept
+        if predicted.dtype.kind != "i":
+            predicted = predicted.astype(np.int64)
         with self._lock:
-            self._grow(max(int(inputs.max()), int(predicted.max())) + 1)  # every id recorded has a row
-            record_rows(self.ids, inputs, predicted)
+            rows = record_rows(self.ids, inputs, predicted)
+            if rows:  # every id recorded has a row
+                self._grow(rows)
+                record_rows(self.ids, inputs, predicted)
 
     def row(self, token_id: int) -> np.ndarray:
         """The k ids recorded after `token_id`, likeliest first (-1: none), a copy."""
@@ -235,6 +246,11 @@ class LeadChances:
 
 
 TREE_BANDS = np.array([0.01, 0.03, 0.1, 0.3])  # TreeChances' band edges of a node's estimate
+# A guess, outweighed after a tree or two: a node the candidates hold at all is written with about 1% chance
+# (stories260K, every node verified: 0.2-1.8% below an estimate of 1%, by source and greedy or sampled).
+# Optimistic where verifying is nearly free, so that a new drafter tries its thin nodes and learns their worth.
+TREE_PRIOR_ERROR = np.array([0.01, 0.0, 0.0, 0.0, 0.0])  # per band, either source's
+TREE_PRIOR_NODES = 64.0  # pseudo-nodes of TREE_PRIOR_ERROR per cell: one tree's worth
 
 
 class TreeChances:
@@ -246,24 +262,18 @@ class TreeChances:
     table node the lookup candidates did not hold, priced by the table's rank chances over
     every position, sits where lookup and the table disagree, and is kept far less often than
     estimated while lookup's are kept more (docs/design.md, section 2's predictions). So the nodes a step tells are
-    counted per source (lookup's, the table's) in bands of their estimate (BANDS), and a
+    counted per source (lookup's, the table's) in bands of their estimate (TREE_BANDS), and a
     node's chance is its estimate plus its cell's mean error so far (kept minus estimated,
-    per node, shrunk toward PRIOR_ERROR by PRIOR_NODES pseudo-nodes), within [0, 1]
+    per node, shrunk toward TREE_PRIOR_ERROR by TREE_PRIOR_NODES pseudo-nodes), within [0, 1]
     (likeliest_nodes applies it: `correction`). Kept by the drafter across its requests: a
     kept drafter starts each request from what the last ones taught.
     """
 
-    BANDS = TREE_BANDS
-    # A guess, outweighed after a tree or two: a node the candidates hold at all is written with about 1% chance
-    # (stories260K, every node verified: 0.2-1.8% below an estimate of 1%, by source and greedy or sampled).
-    # Optimistic where verifying is nearly free, so that a new drafter tries its thin nodes and learns their worth.
-    PRIOR_ERROR = np.array([0.01, 0.0, 0.0, 0.0, 0.0])  # per band, either source's
-    PRIOR_NODES = 64.0  # pseudo-nodes of PRIOR_ERROR per cell: one tree's worth
-
     def __init__(self):
         # [0]: per source (0: lookup's, 1: the table's) and band, the nodes told; [1]: their summed (written - estimate)
-        self.cells = np.zeros((2, 2, len(self.BANDS) + 1))
-        self._errors: np.ndarray | None = None  # correction's mean errors, until the next observe
+        self.cells = np.zeros((2, 2, len(TREE_BANDS) + 1))
+        self.errors = np.empty((2, len(TREE_BANDS) + 1))  # per cell, its mean error (correction's), kept by observe_told
+        mean_errors(self.cells, self.errors)
 
     @property
     def nodes(self) -> np.ndarray:
@@ -275,9 +285,7 @@ class TreeChances:
 
     def correction(self, first_class: int) -> tuple:
         """likeliest_nodes' correction for a trie whose nodes from `first_class` on are the table's."""
-        if self._errors is None:  # (computed again after each observe)
-            self._errors = (self.error + self.PRIOR_NODES * self.PRIOR_ERROR) / (self.nodes + self.PRIOR_NODES)
-        return first_class, self.BANDS, self._errors
+        return first_class, TREE_BANDS, self.errors
 
     def observe(self, parents: np.ndarray, nodes: int, frontier: bool, written: np.ndarray, estimates: np.ndarray,
                 table: np.ndarray) -> None:
@@ -291,16 +299,16 @@ class TreeChances:
         written or not, as surely as a verified one. Which nodes form the frontier is fixed before the step, so they
         are a fair sample of the nodes a sizer weighs next: a thin node the sizer never buys is still learnt from.
         Deeper unverified nodes are left out: whether a node below the model's own token is written is not yet told,
-        and counting only those told would favour the unwritten. Cost: one kernel call, O(len(parents) * BANDS)."""
-        self._errors = None
-        observe_told(parents, nodes, nodes if frontier else -1, written, estimates, table, self.cells)
+        and counting only those told would favour the unwritten. Cost: one kernel call, O(len(parents) * bands)."""
+        observe_told(parents, nodes, nodes if frontier else -1, written, estimates, table, self.cells, self.errors)
 
 
 @njit(cache=True)
-def observe_told(parents, nodes, frontier, written, estimates, table, cells):  # pragma: no cover (compiled)
+def observe_told(parents, nodes, frontier, written, estimates, table, cells, errors):  # pragma: no cover (compiled)
     """TreeChances.observe's pass: each told node (i < nodes, or parents[i] < frontier) counted in its cell (table[i],
     its estimate's band: the TREE_BANDS edges at or below it), cells[0] += 1 and cells[1] += written[i] -
-    estimates[i], the step's sums added to the totals once, cell by cell (as np.bincount would). O(n * bands)."""
+    estimates[i], the step's sums added to the totals once, cell by cell (as np.bincount would); then `errors`
+    (mean_errors). O(n * bands)."""
     step = np.zeros(cells.shape)
     for i in range(parents.shape[0]):
         if i < nodes or parents[i] < frontier:
@@ -311,6 +319,15 @@ def observe_told(parents, nodes, frontier, written, estimates, table, cells):  #
             step[0, source, band] += 1.0
             step[1, source, band] += (1.0 if written[i] else 0.0) - estimates[i]
     cells += step
+    mean_errors(cells, errors)
+
+
+@njit(cache=True)
+def mean_errors(cells, errors):  # pragma: no cover (compiled)
+    """errors[s, b]: cell (s, b)'s summed error over its nodes, with TREE_PRIOR_NODES pseudo-nodes of TREE_PRIOR_ERROR[b]."""
+    for s in range(errors.shape[0]):
+        for b in range(errors.shape[1]):
+            errors[s, b] = (cells[1, s, b] + TREE_PRIOR_NODES * TREE_PRIOR_ERROR[b]) / (cells[0, s, b] + TREE_PRIOR_NODES)
 
 
 def warm_up() -> int:

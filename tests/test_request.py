@@ -8,7 +8,7 @@ import pytest
 from lookahead import LookupDrafter, TokenStore
 from lookahead.engine import kernels
 from lookahead.draft import Draft
-from lookahead.predictions import TreeChances
+from lookahead.predictions import TREE_BANDS, TreeChances
 from lookahead.request import Request, on_path
 from lookahead.sizing.cost import CostCurve, LineCost
 from tests.reference import KeepRate, told_reference
@@ -113,7 +113,7 @@ def test_tree_chances_learn_exactly_what_the_reference_counts():
         before = chances.cells.copy()
         on = on_path(tree, written[: kept + 1])
         chances.observe(parents, nodes, len(written) > kept, on, estimates, table)
-        cells, on_reference = told_reference(parents, tree.token_ids, nodes, written, kept, estimates, table, TreeChances.BANDS)
+        cells, on_reference = told_reference(parents, tree.token_ids, nodes, written, kept, estimates, table, TREE_BANDS)
         assert on.tolist() == on_reference
         expected = before.copy()
         for (source, band), (count, error) in cells.items():
