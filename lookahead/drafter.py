@@ -1,6 +1,5 @@
 """`LookupDrafter`: drafts the continuation of the current suffix from an index over seen tokens."""
 
-import math
 import threading
 from contextlib import contextmanager, nullcontext
 
@@ -10,10 +9,11 @@ from lookahead.documents import DocumentLibrary
 from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats
 from lookahead.engine.chain import NO_STORE, add_lookup_candidates, draft_chain, lookup_nodes
 from lookahead.engine.groups import lookup_group, stores_group, work_group
+from lookahead.engine.trees import hedged_chain
 from lookahead.errors import DrafterInUseError
 from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as_id_set, as_token_ids
 from lookahead.index.kernels import MAX_NGRAM
-from lookahead.policy import (CHAIN_WALK, FIRST_REACH, PREDICTION_CHAIN_NODES, PREDICTION_SCALE, PREDICTION_TREE_NODES,
+from lookahead.policy import (CHAIN_WALK, FIRST_REACH, PREDICTION_CHAIN_NODES, PREDICTION_TREE_NODES,
                               TREE_DEPTH_DECAY, TREE_WALK)  # shared with the engine's rows
 from lookahead.predictions import LeadChances, PredictionTable, RankChances, TreeChances
 from lookahead.store import TokenStore
@@ -33,6 +33,8 @@ CARRY = 0.5
 # a batch's tree (_grow_tree) takes lookup's heaviest nodes before any of the table's alone, as
 # many as cost what the widest chain does (notes/README.md: lookup first; trees at a GPU's prices).
 # Unsized (propose_tree) the blend is by weight, where the table's siblings pay.
+NO_TABLE = np.full((0, 1), -1, dtype=np.int32)  # hedged_chain's table where a draft reads none
+NO_RANKS = np.zeros(0)  # and its rank counts and prior where the drafter has no table
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")
@@ -152,8 +154,10 @@ class LookupDrafter(metaclass=_DrafterType):
         self.tree_chances = TreeChances()  # learnt across requests (_likeliest_tree)
         self._read_table = predictions is not None  # the last draft read the table: extend counts ranks (until a plain chain)
         self._trie = DraftTrie()  # rebuilt by every propose
-        self._chain_ids = np.zeros(num_draft_tokens, dtype=np.int64)  # (num_draft_tokens,) a plain chain's path: nodes, then ids
+        self._chain_ids = np.zeros(num_draft_tokens, dtype=np.int64)  # (num_draft_tokens,) a chain's path: nodes, then ids
         self._chain_origins = np.zeros(num_draft_tokens, dtype=np.int8)  # (num_draft_tokens,) its tokens' sources
+        self._path = np.zeros(num_draft_tokens, dtype=np.int64)  # (num_draft_tokens,) hedged_chain's scratch
+        self._rank_scratch = np.zeros(predictions.k if predictions is not None else 0)  # (k,) the rank chances, hedged_chain's
         self._ends = np.zeros(MAX_NGRAM + 1, dtype=np.int64)  # (MAX_NGRAM + 1,) engine.chain's scratch: match_ends'
         self._scratch = np.zeros(3, dtype=np.int64)  # (3,) and its results (engine.groups' work group)
         self._lookup_nodes = 1  # trie nodes below this (the root included) hold lookup's candidates
@@ -332,21 +336,20 @@ class LookupDrafter(metaclass=_DrafterType):
             return EMPTY_DRAFT
         if not hedged and self.lookup and not self._reads_predictions(tree=False):
             return self._chain(limit)
-        match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged,
-                                    predicted=PREDICTION_TREE_NODES if hedged else PREDICTION_CHAIN_NODES)
+        looked_up, length, match_len = self._fill_trie(limit, *(self.tree_walk if hedged else self.chain_walk), first_only=not hedged,
+                                                       predicted=PREDICTION_TREE_NODES if hedged else PREDICTION_CHAIN_NODES)
         if hedged:
-            self._tree_match_len = match_len
-        nodes = self._trie.path_nodes(limit, first_class=self._lookup_nodes)
-        if nodes.shape[0] and nodes[0] >= self._lookup_nodes:  # the table leads (lookup has no candidate): anchored on no match
-            match_len = 0
-        else:
-            nodes = nodes[: math.ceil(self.draft_factor * match_len)]
-        return Draft.chain(self._trie.path_tokens(nodes), match_len, self._trie.origins(nodes)) if nodes.shape[0] else EMPTY_DRAFT
+            self._tree_match_len = looked_up
+        return Draft.chain(self._chain_ids[:length].copy(), match_len, self._chain_origins[:length].copy()) if length else EMPTY_DRAFT
+
+    def _chain_room(self, limit: int) -> None:
+        if self._chain_ids.shape[0] < limit:  # (num_draft_tokens raised since)
+            self._chain_ids, self._chain_origins = np.zeros(limit, dtype=np.int64), np.zeros(limit, dtype=np.int8)
+            self._path = np.zeros(limit, dtype=np.int64)
 
     def _chain(self, limit: int) -> Draft:
         """propose's plain chain of at most `limit` tokens (lookup's alone: it reads no prediction table)."""
-        if self._chain_ids.shape[0] < limit:
-            self._chain_ids, self._chain_origins = np.zeros(limit, dtype=np.int64), np.zeros(limit, dtype=np.int8)
+        self._chain_room(limit)
         length, match_len = self._lookup(draft_chain, limit, *self.chain_walk, True, self._chain_ids, self._chain_origins)
         self._read_table = False
         if not length:
@@ -380,7 +383,7 @@ class LookupDrafter(metaclass=_DrafterType):
         limit = self._limit(num_draft_tokens)
         if limit == 0 or max_tree_nodes < 1:
             return EMPTY_DRAFT
-        self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False, predicted=PREDICTION_TREE_NODES)
+        self._tree_match_len = self._fill_trie(limit, *self.tree_walk, first_only=False, predicted=PREDICTION_TREE_NODES)[0]
         return self._tree(max_tree_nodes, first_class=0)  # whole: blended by weight
 
     def _grow_tree(self, max_tree_nodes: int) -> Draft:
@@ -421,11 +424,13 @@ class LookupDrafter(metaclass=_DrafterType):
         token_ids, parents, sources = self._trie.tree(max_tree_nodes, TREE_DEPTH_DECAY, first_class=first_class, origins=True)
         return Draft(token_ids, parents, self._tree_match_len, sources) if token_ids.shape[0] else EMPTY_DRAFT
 
-    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool, predicted: int) -> int:
-        """Rebuilds the candidate trie; returns the longest match_len anchoring a lookup candidate (0: none).
+    def _fill_trie(self, num_draft_tokens: int, walk: int, substitution_walk: int, *, first_only: bool,
+                   predicted: int) -> tuple[int, int, int]:
+        """Rebuilds the candidate trie and draws its chain into _chain_ids, _chain_origins; returns (the longest match_len
+        anchoring a lookup candidate (0: none), the chain's length, its anchor).
 
         Lookup's candidates are engine.chain.add_lookup_candidates' (the kernel a plain chain's draft_chain
-        calls: `_chain`), the table's are added here. Candidates are what followed, up to `num_draft_tokens` tokens:
+        calls: `_chain`), the table's and the chain engine.trees.hedged_chain's (draft_trees' rows call it too). Candidates are what followed, up to `num_draft_tokens` tokens:
         - where the longest match occurs only in the prompt (the model is copying it),
           its first occurrence there (found among the `first_reach` most recent
           occurrences of the last token), weighted MATCH_BASE ** match_len, added
@@ -459,16 +464,24 @@ class LookupDrafter(metaclass=_DrafterType):
         else:
             trie.clear()
             looked_up, self._lookup_nodes = 0, 1
+        # (predicted = 0, a plain chain's PREDICTION_CHAIN_NODES: nor pays for its scale)
         self._read_table = self.predictions is not None and predicted > 0 and len(self.index) > 0
-        if self._read_table:  # (predicted = 0, a plain chain's PREDICTION_CHAIN_NODES: nor pays for its scale)
-            scale = PREDICTION_SCALE
-            if len(trie):  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
-                token, w = trie.heaviest_first()
-                scale *= w / self.lead_chances.chance(looked_up)
-                self.lead_chances.drafted(looked_up, token)
-            trie.add_predictions(self.predictions.ids, int(self.index.tokens[-1]), self.rank_chances.chances(),
-                                 budget=predicted, max_depth=num_draft_tokens, scale=scale)
-        return looked_up
+        budget = predicted if self._read_table else 0
+        self._chain_room(num_draft_tokens)
+        trie.reserve(self._lookup_nodes + budget)
+        table, lead, ranks = self.predictions, self.lead_chances, self.rank_chances
+        ids = table.ids if self._read_table else NO_TABLE
+        k = ids.shape[1]
+        predicted_group = (ids, int(self.index.tokens[-1]) if budget else -1, lead.hits, lead.seen,
+                           ranks.counts if ranks is not None else NO_RANKS, ranks.prior if ranks is not None else NO_RANKS,
+                           self._rank_scratch, trie.heap(budget * k + k))
+        count, length, match_len, first = hedged_chain(trie.arrays, self._lookup_nodes, looked_up, predicted_group,
+                                                        (num_draft_tokens, budget, self.draft_factor), self._path,
+                                                        self._chain_ids, self._chain_origins)
+        trie.filled(count)
+        if first >= 0:
+            lead.drafted(looked_up, first)
+        return looked_up, length, match_len
 
     def _limit(self, num_draft_tokens: int | None) -> int:
         return max(0, self.num_draft_tokens if num_draft_tokens is None else min(num_draft_tokens, self.num_draft_tokens))

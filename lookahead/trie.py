@@ -576,11 +576,14 @@ class DraftTrie:
         if budget <= 0 or max_depth <= 0 or ids.shape[0] == 0:
             return
         self.reserve(self._count + budget)
-        entries = budget * ids.shape[1] + ids.shape[1]
+        self._count = add_predictions(ids, root_token, chances, (budget, max_depth, float(scale)), self._arrays, self._count,
+                                      self.heap(budget * ids.shape[1] + ids.shape[1]))
+
+    def heap(self, entries: int) -> tuple:
+        """add_predictions' heap, at least `entries` long (budget * k + k for `budget` paths of a (rows, k) table)."""
         if self._heap[0].shape[0] < entries:
             self._heap = (np.zeros(entries, dtype=np.float64),) + tuple(np.zeros(entries, dtype=np.int64) for _ in range(4))
-        self._count = add_predictions(ids, root_token, chances, (budget, max_depth, float(scale)), self._arrays, self._count,
-                                      self._heap)
+        return self._heap
 
     def tree(self, max_tree_nodes: int, depth_decay: float = 1.0, *, first_class: int = 0, origins: bool = False) -> tuple:
         """(token ids, parent indices) of the max_tree_nodes heaviest nodes, each node's weight

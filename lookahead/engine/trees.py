@@ -95,30 +95,57 @@ def draft_trees(rows, slots, arena, docs, memory, options, table, trees, out):
         trie = _row_trie(trees, r)
         anchor = add_lookup_candidates(index, stores_group(documents=documents, memory=memory), lookup,
                                        (trie, ends, scratch))  # work_group's order
-        c = first = scratch[0]
+        first = scratch[0]
         read[row] = prior.shape[0] > 0
-        if read[row]:
-            scale = PREDICTION_SCALE
-            if c > 1:  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
-                heaviest_path(trie, 1, 0, path)
-                scale *= trie[TRIE_WEIGHT][path[0]] / lead_chance(hits[row], seen[row], anchor)
-                pending[row, 0], pending[row, 1] = min(anchor, hits.shape[1] - 1), trie[TRIE_TOKEN][path[0]]
-            if table.shape[0]:
-                rank_chances(ranks[row], prior, chances)
-                c = add_predictions(table, tok[n - 1], chances, (PREDICTION_TREE_NODES, limit, scale), trie, c, heap)
+        predicted = (table, tok[n - 1], hits[row], seen[row], ranks[row], prior, chances, heap)
+        c, length, match, lead = hedged_chain(trie, first, anchor, predicted,
+                                              (limit, PREDICTION_TREE_NODES if read[row] else 0, draft_factor), path,
+                                              out_ids[r], out_origin[r])
+        if lead >= 0:
+            pending[row, 0], pending[row, 1] = min(anchor, hits.shape[1] - 1), lead
         count[r], first_class[r] = c, first
-        length = heaviest_path(trie, limit, first, path)
-        if length == 0:
-            continue
-        match = anchor
-        if path[0] >= first:  # the table leads (lookup has no candidate): anchored on no match
-            match = 0
-        else:
-            length = min(length, math.ceil(draft_factor * anchor))
-        for i in range(length):
-            out_ids[r, i] = trie[TRIE_TOKEN][path[i]]
-            out_origin[r, i] = trie[TRIE_ORIGIN][path[i]]
-        out_len[r], out_match[r] = length, match
+        if length:
+            out_len[r], out_match[r] = length, match
+
+
+@njit(cache=True)
+def hedged_chain(trie, first, anchor, predicted, options, path, out_ids, out_origin):
+    """The prediction table's candidates added to a trie add_lookup_candidates filled (`first` nodes, the root
+    included; `anchor` its anchor), and the hedged chain drawn from them: LookupDrafter.propose's and draft_trees' row's.
+
+    predicted = (table, root_token, hits, seen, ranks, prior, chances, heap): the table's ids ((0, k): no rows), the
+    request's last token, its lead chances' counts, its rank counts and prior, a (k,) scratch and add_predictions' heap;
+    options = (limit, budget, draft_factor). With budget > 0 (the draft reads the table): lookup's heaviest first
+    token, if any, weighs w and is kept with chance c (predictions.lead_chance at the anchor), and the table's
+    `budget` likeliest paths from root_token (at most limit deep) each weigh PREDICTION_SCALE x its probability under
+    the rank chances x w / c (1 without lookup candidates). The chain: the trie's heaviest path of at most `limit`
+    tokens, lookup's nodes first; cut to ceil(draft_factor x anchor) tokens, or, where the table leads (lookup has no
+    candidate), anchored on 0. Writes its ids and sources to out_ids, out_origin (path: a scratch of limit nodes).
+    Returns (the trie's nodes, the chain's length, its anchor, lookup's heaviest first token where the table was
+    weighed against it, else -1). Cost: add_predictions' and O(limit * branching)."""
+    table, root_token, hits, seen, ranks, prior, chances, heap = predicted
+    limit, budget, draft_factor = options
+    token, origin = trie[TRIE_TOKEN], trie[TRIE_ORIGIN]
+    count, lead = first, -1
+    if budget > 0:
+        scale = PREDICTION_SCALE
+        if count > 1:  # lookup's heaviest first token weighs w and is kept with chance c: a probability p weighs p * w / c
+            heaviest_path(trie, 1, 0, path)
+            scale *= trie[TRIE_WEIGHT][path[0]] / lead_chance(hits, seen, anchor)
+            lead = token[path[0]]
+        if table.shape[0]:
+            rank_chances(ranks, prior, chances)
+            count = add_predictions(table, root_token, chances, (budget, limit, scale), trie, count, heap)
+    length = heaviest_path(trie, limit, first, path)
+    match = anchor
+    if length and path[0] >= first:  # the table leads (lookup has no candidate): anchored on no match
+        match = 0
+    else:
+        length = min(length, math.ceil(draft_factor * anchor))
+    for i in range(length):
+        out_ids[i] = token[path[i]]
+        out_origin[i] = origin[path[i]]
+    return count, length, match, lead
 
 
 @njit(cache=True)
