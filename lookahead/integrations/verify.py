@@ -16,6 +16,7 @@ is a draw from the model's processed distribution given the tokens before it; a 
 decides whether that draw is already computed.
 """
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -76,12 +77,10 @@ def build_block(contexts: list[list[int]], drafts: list[Draft], skips: list[int]
         starts[1:] = np.cumsum([len(draft) for draft in drafts])
         tree_rows(u, np.concatenate([draft.parents for draft in drafts]), starts, np.asarray(skips, dtype=np.int64),
                   np.asarray(lengths, dtype=np.int64), np.asarray(cache.real_tokens(), dtype=np.int64), hidden, positions)
-        attention = torch.zeros((rows, 1, width, slots + width), dtype=dtype)
-        low = torch.finfo(dtype).min
-        if cache.real is not None:  # holes or padding in the cache
-            attention[:, 0, :, :slots].masked_fill_(~cache.real[:, None, :], low)
-        attention[:, 0, :, slots:].masked_fill_(torch.from_numpy(hidden), low)
-        return Block(tokens, torch.from_numpy(positions), attention, ids, parents, skips, u, True)
+        bits, low = _mask_bits(dtype)  # the mask written as the dtype's bit patterns: 0 (0.0) or low's
+        attention = np.empty((rows, 1, width, slots + width), dtype=bits)
+        additive_mask(hidden, NO_HOLES if cache.real is None else cache.real.numpy(), low, attention)
+        return Block(tokens, torch.from_numpy(positions), torch.from_numpy(attention).view(dtype), ids, parents, skips, u, True)
     # Entry j of row r is a real token of it for skip[r] <= j < its length; in a chain it sits at position
     # cached[r] + j - skip[r] (its real tokens before it); padding and fill at 1, as plain generate's padding.
     entry = np.arange(width)
@@ -121,6 +120,32 @@ def tree_visibility(u: int, parents: np.ndarray) -> np.ndarray:
     none = np.zeros(1, dtype=np.int64)
     tree_rows(u, parents, np.array([0, parents.shape[0]]), none, np.array([width]), none, hidden, positions)
     return ~hidden[0]
+
+
+NO_HOLES = np.ones((0, 0), dtype=np.bool_)  # additive_mask's `real` where every cached slot is a real token
+
+
+@functools.cache
+def _mask_bits(dtype: torch.dtype) -> tuple[np.dtype, int]:
+    """(the numpy integer type of dtype's width, the bit pattern of dtype's lowest finite value as one)."""
+    bits = {2: np.int16, 4: np.int32, 8: np.int64}[torch.finfo(dtype).bits // 8]
+    return bits, int(torch.tensor(torch.finfo(dtype).min, dtype=dtype).view(getattr(torch, np.dtype(bits).name)).item())
+
+
+@njit(cache=True)
+def additive_mask(hidden, real, low, out):  # pragma: no cover (compiled)
+    """A tree block's 4-D additive mask, as bit patterns: out[r, 0, i, j] = low (the dtype's lowest value) where query
+    i may not see key j, else 0 (0.0). Keys j < S (S = out.shape[3] - width) are the cache's slots, hidden where
+    real[r, j] is False (real of shape (0, 0): none hidden); the rest the block's, hidden where hidden[r, i, j - S].
+    O(rows * width * (S + width))."""
+    width = hidden.shape[1]
+    slots = out.shape[3] - width
+    for r in range(out.shape[0]):
+        for i in range(width):
+            for j in range(slots):
+                out[r, 0, i, j] = low if real.shape[0] and not real[r, j] else 0
+            for j in range(width):
+                out[r, 0, i, slots + j] = low if hidden[r, i, j] else 0
 
 
 @njit(cache=True)

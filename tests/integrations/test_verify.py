@@ -28,3 +28,43 @@ def test_top_ids_rank_as_torch_topk_does(dtype, vocab):
 def test_top_ids_on_a_cpu_rank_equal_scores_lower_id_first_and_skip_nans():
     logits = torch.tensor([[[1.0, 3.0, 3.0, float("nan"), 2.0, 3.0], [float("nan")] * 4 + [0.0, float("-inf")]]])
     assert top_ids(logits, [[0, 1]], 4)[0].tolist() == [[1, 2, 5, 4], [4, 5, -1, -1]]
+
+
+class _Cache:
+    """What build_block reads of a RowCache: its length, and which slots hold each row's real tokens."""
+
+    def __init__(self, real: torch.Tensor | None, length: int):
+        self.real, self.length, self.rows = real, length, 1 if real is None else real.shape[0]
+
+    def __len__(self):
+        return self.length
+
+    def real_tokens(self):
+        return [self.length] * self.rows if self.real is None else self.real.sum(dim=1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_tree_blocks_mask_is_zero_where_a_query_sees_a_key_and_the_dtypes_lowest_elsewhere(dtype):
+    from lookahead.draft import Draft
+    from lookahead.integrations.verify import build_block
+
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        rows, slots = int(rng.integers(1, 4)), int(rng.integers(0, 7))
+        drafts = [Draft(rng.integers(0, 50, n), np.array([-1, -1] + [int(rng.integers(-1, i)) for i in range(2, n)], dtype=np.int64))
+                  for n in rng.integers(2, 7, rows)]  # (two roots: trees)
+        real = torch.from_numpy(rng.random((rows, slots)) < 0.7) if trial % 2 and slots else None
+        block = build_block([[1, 2, 3]] * rows, drafts, [0] * rows, _Cache(real, slots), uncached=1, dtype=dtype)
+        assert block.is_tree and block.attention.dtype == dtype and block.attention.shape == (rows, 1, block.tokens.shape[1], slots + block.tokens.shape[1])
+        for r, draft in enumerate(drafts):
+            width, n = block.tokens.shape[1], len(draft)
+            sees = np.zeros((width, slots + width), dtype=bool)
+            sees[:, :slots] = True if real is None else real[r].numpy()
+            for i in range(width):  # the uncached token, a node's ancestors and itself; fill: of the block, itself alone
+                sees[i, slots + i] = True
+                node = i - 1
+                while 0 <= node < n:
+                    node = int(draft.parents[node])
+                    sees[i, slots + 1 + node] = True  # its parent's entry (the uncached token at -1)
+            want = torch.where(torch.from_numpy(sees), 0.0, torch.finfo(dtype).min).to(dtype)
+            assert torch.equal(block.attention[r, 0], want), (trial, r)
