@@ -68,3 +68,19 @@ def test_a_tree_blocks_mask_is_zero_where_a_query_sees_a_key_and_the_dtypes_lowe
                     sees[i, slots + 1 + node] = True  # its parent's entry (the uncached token at -1)
             want = torch.where(torch.from_numpy(sees), 0.0, torch.finfo(dtype).min).to(dtype)
             assert torch.equal(block.attention[r, 0], want), (trial, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_choices_pick_torchs_argmax_of_the_widened_logits(dtype):
+    from lookahead.integrations.verify import greedy_choices
+
+    generator = torch.Generator().manual_seed(7)
+    logits = (torch.randn(2, 5, 300, generator=generator) * 3).to(dtype)
+    logits[0, 0, :] = 0.0  # ties everywhere: the first id
+    logits[0, 1, 17], logits[0, 1, 40] = float("inf"), float("inf")
+    logits[0, 2, 9] = float("nan")  # a NaN: torch's argmax takes it
+    logits[0, 3, :] = -0.0
+    logits[0, 3, 5] = 0.0  # -0.0 equals 0.0: still the first id
+    logits[1, 0, :] = float("-inf")
+    assert greedy_choices(logits, [], False, None) == logits.float().argmax(dim=-1).tolist()
+    assert greedy_choices(logits, [], False, None)[0][:4] == [0, 17, 9, 0]
