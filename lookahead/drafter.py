@@ -430,7 +430,8 @@ class LookupDrafter(metaclass=_DrafterType):
         anchoring a lookup candidate (0: none), the chain's length, its anchor).
 
         Lookup's candidates are engine.chain.add_lookup_candidates' (the kernel a plain chain's draft_chain
-        calls: `_chain`), the table's and the chain engine.trees.hedged_chain's (draft_trees' rows call it too). Candidates are what followed, up to `num_draft_tokens` tokens:
+        calls: `_chain`), the table's and the chain engine.trees.hedged_chain's (draft_trees' rows call it
+        too). Candidates are what followed, up to `num_draft_tokens` tokens:
         - where the longest match occurs only in the prompt (the model is copying it),
           its first occurrence there (found among the `first_reach` most recent
           occurrences of the last token), weighted MATCH_BASE ** match_len, added

@@ -224,9 +224,6 @@ class LeadChances:
         self.seen = np.zeros(max_ngram + 1, dtype=np.float64)  # and of first tokens drafted
         self.pending: tuple[int, int] | None = None  # (match length, token) of the draft being verified
 
-    def chance(self, match_len: int) -> float:
-        return float(lead_chance.py_func(self.hits, self.seen, match_len))
-
     def carry(self, share: float) -> None:
         """A new request: what the last ones counted weighs `share` of itself."""
         self.hits *= share

@@ -500,10 +500,6 @@ class DraftTrie:
         (engine.chain's)."""
         self._count = count
 
-    def origins(self, nodes: np.ndarray) -> np.ndarray:
-        """(len(nodes),) int8: each node's origin (draft.SOURCES codes), a copy."""
-        return self._origin[nodes]
-
     def clear(self) -> None:
         self._token[0], self._parent[0], self._weight[0] = -1, -1, 0.0
         self._child[0], self._sibling[0] = EMPTY, EMPTY
@@ -557,11 +553,6 @@ class DraftTrie:
     def path_tokens(self, nodes: np.ndarray) -> np.ndarray:
         """The tokens of `nodes` (int64, a copy)."""
         return self._token[nodes]
-
-    def heaviest_first(self) -> tuple[int, float]:
-        """(token, weight) of the root's heaviest child: the draft's first token; (-1, 0.0) in an empty trie."""
-        nodes = self.path_nodes(1)
-        return (int(self._token[nodes[0]]), float(self._weight[nodes[0]])) if nodes.shape[0] else (-1, 0.0)
 
     def path_nodes(self, max_len: int, *, first_class: int = 0) -> np.ndarray:
         """The nodes of the heaviest root path, at most max_len (int64; node i was the i-th created, the root 0);
