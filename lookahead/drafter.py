@@ -15,7 +15,7 @@ from lookahead.index import DEFAULT_MAX_NGRAM, DEFAULT_MIN_NGRAM, TokenIndex, as
 from lookahead.index.kernels import MAX_NGRAM
 from lookahead.policy import (CHAIN_WALK, FIRST_REACH, PREDICTION_CHAIN_NODES, PREDICTION_TREE_NODES,
                               TREE_DEPTH_DECAY, TREE_WALK)  # shared with the engine's rows
-from lookahead.predictions import LeadChances, PredictionTable, RankChances, TreeChances
+from lookahead.predictions import NO_TABLE, LeadChances, PredictionTable, RankChances, TreeChances
 from lookahead.store import TokenStore
 from lookahead.trie import NO_VOCAB_LIMIT, DraftTrie
 
@@ -33,8 +33,7 @@ CARRY = 0.5
 # a batch's tree (_grow_tree) takes lookup's heaviest nodes before any of the table's alone, as
 # many as cost what the widest chain does (notes/README.md: lookup first; trees at a GPU's prices).
 # Unsized (propose_tree) the blend is by weight, where the table's siblings pay.
-NO_TABLE = np.full((0, 1), -1, dtype=np.int32)  # hedged_chain's table where a draft reads none
-NO_RANKS = np.zeros(0)  # and its rank counts and prior where the drafter has no table
+NO_RANKS = np.zeros(0)  # hedged_chain's rank counts and prior where the drafter has no table
 _ADAPTER_LOCK = threading.Lock()
 _IN_USE = ("this LookupDrafter is serving a request in another thread. Use one drafter per thread; "
            "to let them learn from each other, give them one TokenStore: LookupDrafter(memory=store)")

@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 DEFAULT_TOP_K = 8  # the model's k likeliest next tokens kept per input id (Token Recycling's 8)
+NO_TABLE = np.zeros((0, 0), dtype=np.int32)  # a table's ids with no rows: what a draft reads where it reads none
 
 
 @njit(cache=True)

@@ -354,6 +354,22 @@ def heaviest_nodes(trie, count, max_tree_nodes, depth_decay, first_class, out_no
 
 
 @njit(cache=True)
+def draft_of_nodes(trie, nodes, taken, where, out_ids, out_parents, out_origin):  # pragma: no cover (compiled)
+    """The draft of the trie's nodes[:taken] (a tree: every node's parent among them or the root, parents first):
+    out_ids[i] and out_origin[i] node i's token and origin, out_parents[i] its parent's index among them (-1: the
+    root). where: a scratch of at least the trie's node count, every entry -1, and left so. O(taken)."""
+    token, parent, origin = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_ORIGIN]
+    for i in range(taken):
+        where[nodes[i]] = i
+    for i in range(taken):
+        node = nodes[i]
+        out_ids[i], out_origin[i] = token[node], origin[node]
+        out_parents[i] = where[parent[node]] if parent[node] > 0 else -1
+    for i in range(taken):
+        where[nodes[i]] = -1
+
+
+@njit(cache=True)
 def likeliest_nodes(trie, count, keep_chance, max_tree_nodes, correction, out_ids, out_chances, out_flags):
     """Writes the `max_tree_nodes` non-root nodes the model likeliest writes the root path of, likeliest first:
     out_ids[0] their tokens, out_ids[1] their parents' indexes among them (-1: the root), out_chances[0] each one's
@@ -583,12 +599,10 @@ class DraftTrie:
         if not 0.0 < depth_decay <= 1.0:
             raise ValueError(f"depth_decay must be in (0, 1], got {depth_decay}")
         nodes = np.empty(max(max_tree_nodes, 0), dtype=np.int64)
-        nodes = nodes[: heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, first_class, nodes)]
-        slot = np.full(self._count, -1, dtype=np.int64)  # trie node -> its index in the draft
-        slot[nodes] = np.arange(nodes.shape[0])
-        if origins:
-            return self._token[nodes], slot[self._parent[nodes]], self._origin[nodes]
-        return self._token[nodes], slot[self._parent[nodes]]
+        taken = heaviest_nodes(self._arrays, self._count, max_tree_nodes, depth_decay, first_class, nodes)
+        ids, parents, origin = np.empty(taken, dtype=np.int64), np.empty(taken, dtype=np.int64), np.empty(taken, dtype=np.int8)
+        draft_of_nodes(self._arrays, nodes, taken, np.full(self._count, -1, dtype=np.int64), ids, parents, origin)
+        return (ids, parents, origin) if origins else (ids, parents)
 
     def likeliest(self, max_tree_nodes: int, keep_chance: float, correction=None) -> tuple[np.ndarray, ...]:
         """(token ids, parent indices, chances, estimates, table) of the max_tree_nodes nodes the model likeliest

@@ -41,7 +41,7 @@ from lookahead.engine.kernels import PROMPT_LEN, row_indexes
 from lookahead.index.kernels import INDEX_TOKENS, MAX_NGRAM
 from lookahead.policy import FIRST_REACH, PREDICTION_SCALE, PREDICTION_TREE_NODES, TREE_DEPTH_DECAY, TREE_WALK
 from lookahead.predictions import lead_chance, lead_written, rank_chances, rank_counts, rank_prior
-from lookahead.trie import (NO_VOCAB_LIMIT, TRIE_ORIGIN, TRIE_PARENT, TRIE_TOKEN, TRIE_WEIGHT, add_predictions, heaviest_nodes,
+from lookahead.trie import (NO_VOCAB_LIMIT, TRIE_ORIGIN, TRIE_TOKEN, TRIE_WEIGHT, add_predictions, draft_of_nodes, heaviest_nodes,
                             heaviest_path)
 
 # the trees group's fields (TreeRows.arrays), each read by its constant
@@ -161,15 +161,7 @@ def grow_trees(trees, nodes, lookup_first, out_ids, out_parents, out_origin, out
         trie = _row_trie(trees, r)
         taken = heaviest_nodes(trie, count[r], min(nodes[r], chosen.shape[0]), TREE_DEPTH_DECAY,
                                first_class[r] if lookup_first else 0, chosen)
-        token, parent, origin = trie[TRIE_TOKEN], trie[TRIE_PARENT], trie[TRIE_ORIGIN]
-        for i in range(taken):
-            where[chosen[i]] = i
-        for i in range(taken):
-            node = chosen[i]
-            out_ids[r, i], out_origin[r, i] = token[node], origin[node]
-            out_parents[r, i] = where[parent[node]] if parent[node] > 0 else -1
-        for i in range(taken):
-            where[chosen[i]] = -1
+        draft_of_nodes(trie, chosen, taken, where, out_ids[r], out_parents[r], out_origin[r])
         out_len[r] = taken
 
 

@@ -23,11 +23,9 @@ from lookahead.drafter import CARRY
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
 from lookahead.engine.trees import TreeRows
+from lookahead.predictions import NO_TABLE
 from lookahead.request import on_path
 from lookahead.sizing.rules import static_batch_draft_sizes, tree_nodes
-
-NO_TABLE = np.zeros((0, 0), dtype=np.int32)  # the table a tree step reads where the drafter keeps none
-
 
 class BatchDrafts:
     """Every row's chain of one left-padded batch, from one engine.Batch; the rows' stats.
