@@ -1,5 +1,7 @@
 """DraftStats explain themselves: tokens drafted and kept per source, steps without a draft and why, per token its source."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +9,9 @@ import transformers
 
 import lookahead
 from lookahead import DraftStats, LookupDrafter
-from lookahead.draft import MODEL, OUTPUT, PREDICTIONS, PROMPT, SOURCES
+from lookahead.draft import (
+    DRAFTED, MODEL, NO_ROOM, NONE_FOUND, NOT_PAID, OUTPUT, PREDICTIONS, PROMPT, RARELY_KEPT, SOURCES, no_draft_reason, no_draft_reasons,
+)
 from lookahead.request import Request
 from lookahead.sizing.cost import LineCost
 from tests.models import STORIES, stories_model, tiny_model
@@ -132,3 +136,11 @@ def test_a_batch_counts_every_row_step():
     assert_adds_up(stats)
     assert stats.token_ids.tolist() == out[0, 6:].tolist() + out[1, 6:].tolist()  # row after row
     assert set(np.unique(stats.token_sources).tolist()) <= {MODEL, PROMPT, OUTPUT, PREDICTIONS}
+
+
+def test_no_draft_reasons_are_no_draft_reason_over_rows():
+    drafted, found, room, chances = (np.array(v) for v in zip(*itertools.product([0, 3], [0, 5], [0, 7], [0.2, 0.5, 0.9])))
+    expected = [DRAFTED if d else no_draft_reason(f, r, lambda c=c: c) for d, f, r, c in zip(drafted, found, room, chances)]
+    got = no_draft_reasons(drafted, found, room, chances)
+    assert got.dtype == np.uint8 and got.tolist() == expected
+    assert set(expected) == {DRAFTED, NONE_FOUND, NO_ROOM, RARELY_KEPT, NOT_PAID}

@@ -12,13 +12,16 @@ tries and lead and rank chances in an engine.trees.TreeRows. A step:
     batch_drafts.finish(r)                                a row that ended: filed into memory at once
     batch_drafts.keep(going)                              the rows still going, once some ended
 
-What is per row in Python is what transformers' tensors and the stats need (a Draft for the block, a
-DraftStats record); the drafting itself is the engine's (engine.kernels.advance; engine.trees for trees).
+What is per row in Python is what transformers' tensors need (a Draft for the block, the tokens a row wrote);
+the drafting itself is the engine's (engine.kernels.advance; engine.trees for trees). The stats are logged per
+step as arrays over the going rows and made into each row's DraftStats once, when the call asks (call_stats).
 """
+
+from array import array
 
 import numpy as np
 
-from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, Draft, DraftStats, no_draft_reason
+from lookahead.draft import DEFAULT_MAX_TREE_NODES, EMPTY_DRAFT, MODEL, OTHER, Draft, DraftStats, no_draft_reasons
 from lookahead.drafter import CARRY
 from lookahead.engine import kernels
 from lookahead.engine.batch import Batch
@@ -46,13 +49,18 @@ class BatchDrafts:
                             vocab_size=drafter.vocab_size, token_chances=False, thread=False)
         self.drafter = drafter
         self.trees: TreeRows | None = None  # built at the first tree step
-        self.stats = [DraftStats() for _ in prompts]  # per row of the call, in its order
         self.rows = list(range(rows))  # the rows still going: row i of the arrays below is row rows[i] of the call
+        # per step, what the stats count (call_stats): (the going rows' call rows, each one's drafted tokens, why none
+        # (DRAFTED: some), its drafted tokens' sources (going, width) int8, its kept tokens' (None: a chain's, the first
+        # of those), the kept tokens, the tokens written); the last two filled by `verified`
+        self._log: list[tuple] = []
+        self._finished: dict[int, np.ndarray] = {}  # call row -> its tokens once it ended
         self.tokens = np.zeros((rows, max_len), dtype=np.int64)  # (row, max_len) its tokens, tokens[r, :num_tokens[r]]
         for r, prompt in enumerate(prompts):
             self.tokens[r, : len(prompt)] = prompt
         self.num_tokens = np.array([len(p) for p in prompts], dtype=np.int64)
         self.prompt_lens = self.num_tokens.copy()
+        self.prompt_lens_all = self.num_tokens.copy()  # per row of the call (prompt_lens: per going row)
         self.num_sampled = np.ones(rows, dtype=np.int64)  # tokens the last step wrote (the prefill's rows draft too: 1)
         self.checked = np.zeros(rows, dtype=np.int64)  # drafted tokens the last step verified
         self.theirs = np.zeros(rows, dtype=np.int64)  # another drafter's tokens verified: none here
@@ -101,16 +109,19 @@ class BatchDrafts:
         self.checked[:rows] = sizes
         if tree:
             drafts = self._trees(sizes, cost, max_tree_nodes)
+            drafted = np.array([len(draft) for draft in drafts], dtype=np.int64)
+            origins = np.zeros((rows, int(drafted.max(initial=0))), dtype=np.int8)
+            for i, draft in enumerate(drafts):
+                origins[i, : len(draft)] = draft.source_codes()
+            kept_sources = np.full((rows, self.engine.k), OTHER, dtype=np.int8)  # verified writes each row's (a tree's path)
         else:
             width = int(sizes.max(initial=0))  # one copy of the step's chains: each row's draft a view of it
             ids, origins, match = engine.out_ids[:rows, :width].copy(), engine.out_origin[:rows, :width].copy(), engine.out_match
             drafts = [Draft.chain(ids[i, :size], int(match[i]), origins[i, :size]) if size else EMPTY_DRAFT
                       for i, size in enumerate(sizes.tolist())]
-        for i, (row, draft, length, room) in enumerate(zip(self.rows, drafts, lengths.tolist(), rooms)):
-            if len(draft):
-                self.stats[row].record(len(draft), sources=draft.sources)
-            else:
-                self.stats[row].record(0, no_draft=no_draft_reason(length, room, lambda: chances[i]))
+            drafted, kept_sources = sizes, None
+        self._log.append((np.array(self.rows), drafted, no_draft_reasons(drafted, lengths, room, chances), origins, kept_sources,
+                          np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)))
         self._drafts = drafts
         return drafts
 
@@ -120,7 +131,7 @@ class BatchDrafts:
         # every row starts from the drafter's lead and rank chances, as its next request would
         carry = ((CARRY * drafter.lead_chances.hits, CARRY * drafter.lead_chances.seen),
                  None if table is None else CARRY * drafter.rank_chances.counts)
-        return TreeRows(len(self.stats), drafter.num_draft_tokens, drafter.max_ngram, sorted(drafter.eos_token_ids),
+        return TreeRows(self.prompt_lens_all.shape[0], drafter.num_draft_tokens, drafter.max_ngram, sorted(drafter.eos_token_ids),
                         drafter.vocab_size, 0 if table is None else table.k, carry)
 
     def _trees(self, sizes: np.ndarray, cost, max_tree_nodes: int) -> list[Draft]:
@@ -138,10 +149,13 @@ class BatchDrafts:
 
     def verified(self, i: int, written: list[int], kept: int) -> None:
         """Going row i wrote `written` this step (its `kept` drafted tokens, then its own; cut where it stopped)."""
-        draft = self._drafts[i]
-        # the kept nodes' sources: a chain's first `kept`; a tree's on the path of the kept tokens (parents first)
-        sources = draft.sources[:kept] if draft.is_chain or not kept else draft.sources[on_path(draft, written[:kept])]
-        self.stats[self.rows[i]].record_accepted(kept, written=written, sources=sources if len(draft) else None)
+        *_, kept_sources, kept_log, written_log = self._log[-1]
+        kept_log[i], written_log[i] = kept, len(written)
+        if kept_sources is not None and kept:  # a tree's kept nodes' sources: those on the path of the kept tokens
+            draft = self._drafts[i]
+            codes = draft.source_codes()[on_path(draft, written[:kept])]
+            if codes.shape[0] == kept:  # (else it stopped among them: OTHER, as DraftStats.record_accepted counts them)
+                kept_sources[i, :kept] = codes
         n = int(self.num_tokens[i])
         self.tokens[i, n : n + len(written)] = written
         self.num_tokens[i] = n + len(written)
@@ -162,7 +176,9 @@ class BatchDrafts:
 
     def finish(self, i: int) -> None:
         """Going row i ended: its prompt and whole output are filed into memory now (the rows going on copy from it)."""
-        self.engine.finish(self.rows[i], self.tokens[i, : self.num_tokens[i]].copy())
+        tokens = self.tokens[i, : self.num_tokens[i]].copy()
+        self._finished[self.rows[i]] = tokens
+        self.engine.finish(self.rows[i], tokens)
         self.engine.flush()
 
     def keep(self, going: list[int]) -> None:
@@ -184,8 +200,34 @@ class BatchDrafts:
         self.engine.close()
 
     def call_stats(self) -> DraftStats:
-        """The call's stats: every row's steps, row after row."""
-        stats = DraftStats(rows=len(self.stats))
-        for row in self.stats:
-            stats.add(row)
-        return stats
+        """The call's stats: every row's steps, row after row (each row's DraftStats as its own steps would have
+        recorded them: DraftStats.record, then record_accepted with what it wrote)."""
+        steps, rows = len(self._log), self.prompt_lens_all.shape[0]
+        width = max([log[3].shape[1] for log in self._log] + [self.engine.k]) + 1  # a slot past the most kept: MODEL's
+        step = np.repeat(np.arange(steps), [log[0].shape[0] for log in self._log])
+        at = np.concatenate([log[0] for log in self._log] + [np.zeros(0, dtype=np.int64)])
+        # (row, step) of the call; read where the row was going: row after row, each row's steps in order
+        going = np.zeros((rows, steps), dtype=np.bool_)
+        going[at, step] = True
+        drafted, no_draft, kept, written = (np.zeros((rows, steps), dtype=dtype) for dtype in (np.int64, np.uint8, np.int64, np.int64))
+        for column, into in ((1, drafted), (2, no_draft), (5, kept), (6, written)):
+            into[at, step] = np.concatenate([log[column] for log in self._log] + [np.zeros(0, dtype=into.dtype)])
+        sources, kept_sources = (np.full((rows, steps, width), OTHER, dtype=np.int8) for _ in range(2))
+        for i, (rows_at, _, _, origins, kept_origins, _, _) in enumerate(self._log):
+            sources[rows_at, i, : origins.shape[1]] = origins
+            kept_origins = origins if kept_origins is None else kept_origins
+            kept_sources[rows_at, i, : kept_origins.shape[1]] = kept_origins
+        d, k, w, reasons, sources, kept_sources = (a[going] for a in (drafted, kept, written, no_draft, sources, kept_sources))
+        slot = np.arange(width)
+        # a written token's source: a kept one's, then the step's own (MODEL) where it wrote more than it kept
+        token_codes = np.where(slot < k[:, None], kept_sources, MODEL)[slot < w[:, None]]
+        ids = [self._finished[row] if row in self._finished else self.tokens[self.rows.index(row), : self.num_tokens[self.rows.index(row)]]
+               for row in range(rows)]  # (a row still going: the call stopped early)
+        ids = np.concatenate([tokens[self.prompt_lens_all[row] :] for row, tokens in enumerate(ids)] + [np.zeros(0, dtype=np.int64)])
+        return DraftStats(
+            drafted_per_step=d.tolist(), accepted_per_step=k.tolist(), no_draft_per_step=bytearray(reasons.tobytes()),
+            source_codes=(bytearray(sources[slot < d[:, None]].tobytes()), bytearray(kept_sources[slot < k[:, None]].tobytes())),
+            written=(array("q", ids.tolist()), bytearray(token_codes.tobytes()), array("l", np.repeat(np.arange(d.shape[0]), w).tolist())),
+            rows=rows,
+        )
+

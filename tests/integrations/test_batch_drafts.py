@@ -1,11 +1,14 @@
 """BatchDrafts: a chain batch of lookahead.generate drafts every row through one engine call a step."""
 
+import pytest
+
 import lookahead
 from lookahead import LookupDrafter
-from lookahead.draft import MEMORY, OTHER, PROMPT, SOURCES
+from lookahead.draft import MEMORY, OTHER, PROMPT, SOURCES, DraftStats
 from lookahead.engine import kernels
 from lookahead.engine.groups import ROWS_SLOT
 from lookahead.integrations import batch_drafts
+from lookahead.request import on_path
 from tests.integrations.test_generate_batch import left_padded, story_batch
 from tests.models import stories_model
 
@@ -75,3 +78,41 @@ def test_a_row_that_ends_is_in_memory_for_the_rows_going_on(monkeypatch):
     monkeypatch.setattr(drafter.memory, "add", lambda tokens: filed_at.append(len(steps)) or add(tokens))
     lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=False, max_new_tokens=40, do_sample=False)
     assert len(filed_at) == 4 and filed_at[0] < len(steps)  # the first row to end was filed while others still drafted
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_the_calls_stats_are_each_rows_steps_as_draft_stats_records_them(monkeypatch, tree):
+    # The stats are logged per step over the rows and assembled once (call_stats); here each row's DraftStats is
+    # also recorded step by step (record, then record_accepted with what it wrote), as a one-row request records its
+    # own: the two agree on every step, source and written token, rows ending on EOS inside a kept block included.
+    model = stories_model()
+    ids, mask = story_batch(model)
+    rows: dict[int, DraftStats] = {}
+    plan, verified = batch_drafts.BatchDrafts.plan, batch_drafts.BatchDrafts.verified
+
+    def recorded_plan(self, rooms, *args, **kwargs):
+        drafts = plan(self, rooms, *args, **kwargs)
+        reasons = self._log[-1][2]
+        for i, (row, draft) in enumerate(zip(self.rows, drafts)):
+            rows.setdefault(row, DraftStats()).record(len(draft), sources=draft.source_codes(), no_draft=int(reasons[i]))
+        return drafts
+
+    def recorded_verified(self, i, written, kept):
+        draft = self._drafts[i]
+        sources = draft.source_codes()[:kept] if draft.is_chain or not kept else draft.source_codes()[on_path(draft, written[:kept])]
+        rows[self.rows[i]].record_accepted(kept, written=written, sources=sources)
+        verified(self, i, written, kept)
+
+    monkeypatch.setattr(batch_drafts.BatchDrafts, "plan", recorded_plan)
+    monkeypatch.setattr(batch_drafts.BatchDrafts, "verified", recorded_verified)
+    drafter = LookupDrafter(cost_aware=False)
+    eos = int(ids[0, -3])  # a prompt token: copied drafts hold it, and rows end on it inside kept blocks
+    lookahead.generate(model, ids, attention_mask=mask, drafter=drafter, tree=tree, max_new_tokens=40, do_sample=False,
+                       eos_token_id=eos, pad_token_id=0)
+    expected = DraftStats(rows=len(rows))
+    for row in sorted(rows):
+        expected.add(rows[row])
+    stats = drafter.stats
+    assert stats.steps < 4 * 40 and stats.accepted > 0  # rows ended early, drafts were kept
+    for field in ("drafted_per_step", "accepted_per_step", "no_draft_per_step", "source_codes", "written", "rows"):
+        assert getattr(stats, field) == getattr(expected, field), field
