@@ -47,6 +47,7 @@ def no_draft_reasons(drafted: np.ndarray, found: np.ndarray, room: np.ndarray, k
     why = np.where(found > 0, np.where(keep_chances < RARELY_KEPT_BELOW, RARELY_KEPT, NOT_PAID), np.where(room > 0, NONE_FOUND, NO_ROOM))
     return np.where(drafted > 0, DRAFTED, why).astype(np.uint8)
 
+
 DEFAULT_MAX_TREE_NODES = 64  # most nodes a tree draft holds, unless the caller says: the drafter's and the loops' default
 
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)

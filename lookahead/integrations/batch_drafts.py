@@ -14,7 +14,7 @@ tries and lead and rank chances in an engine.trees.TreeRows. A step:
 
 What is per row in Python is what transformers' tensors need (a Draft for the block, the tokens a row wrote);
 the drafting itself is the engine's (engine.kernels.advance; engine.trees for trees). The stats are logged per
-step as arrays over the going rows and made into each row's DraftStats once, when the call asks (call_stats).
+step as arrays over the going rows and made into the call's DraftStats once, when the call ends (call_stats).
 """
 
 from array import array
