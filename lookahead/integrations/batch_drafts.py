@@ -54,13 +54,13 @@ class BatchDrafts:
         # (DRAFTED: some), its drafted tokens' sources (going, width) int8, its kept tokens' (None: a chain's, the first
         # of those), the kept tokens, the tokens written); the last two filled by `verified`
         self._log: list[tuple] = []
-        self._finished: dict[int, np.ndarray] = {}  # call row -> its tokens once it ended
+        self.call_rows = rows
+        self._outputs: dict[int, np.ndarray] = {}  # call row -> the tokens it wrote, once it ended (finish)
         self.tokens = np.zeros((rows, max_len), dtype=np.int64)  # (row, max_len) its tokens, tokens[r, :num_tokens[r]]
         for r, prompt in enumerate(prompts):
             self.tokens[r, : len(prompt)] = prompt
         self.num_tokens = np.array([len(p) for p in prompts], dtype=np.int64)
         self.prompt_lens = self.num_tokens.copy()
-        self.prompt_lens_all = self.num_tokens.copy()  # per row of the call (prompt_lens: per going row)
         self.num_sampled = np.ones(rows, dtype=np.int64)  # tokens the last step wrote (the prefill's rows draft too: 1)
         self.checked = np.zeros(rows, dtype=np.int64)  # drafted tokens the last step verified
         self.theirs = np.zeros(rows, dtype=np.int64)  # another drafter's tokens verified: none here
@@ -131,7 +131,7 @@ class BatchDrafts:
         # every row starts from the drafter's lead and rank chances, as its next request would
         carry = ((CARRY * drafter.lead_chances.hits, CARRY * drafter.lead_chances.seen),
                  None if table is None else CARRY * drafter.rank_chances.counts)
-        return TreeRows(self.prompt_lens_all.shape[0], drafter.num_draft_tokens, drafter.max_ngram, sorted(drafter.eos_token_ids),
+        return TreeRows(self.call_rows, drafter.num_draft_tokens, drafter.max_ngram, sorted(drafter.eos_token_ids),
                         drafter.vocab_size, 0 if table is None else table.k, carry)
 
     def _trees(self, sizes: np.ndarray, cost, max_tree_nodes: int) -> list[Draft]:
@@ -177,7 +177,7 @@ class BatchDrafts:
     def finish(self, i: int) -> None:
         """Going row i ended: its prompt and whole output are filed into memory now (the rows going on copy from it)."""
         tokens = self.tokens[i, : self.num_tokens[i]].copy()
-        self._finished[self.rows[i]] = tokens
+        self._outputs[self.rows[i]] = tokens[self.prompt_lens[i] :]
         self.engine.finish(self.rows[i], tokens)
         self.engine.flush()
 
@@ -200,9 +200,9 @@ class BatchDrafts:
         self.engine.close()
 
     def call_stats(self) -> DraftStats:
-        """The call's stats: every row's steps, row after row (each row's DraftStats as its own steps would have
-        recorded them: DraftStats.record, then record_accepted with what it wrote)."""
-        steps, rows = len(self._log), self.prompt_lens_all.shape[0]
+        """The call's stats once every row has ended: every row's steps, row after row (each row's DraftStats as its own
+        steps would have recorded them: DraftStats.record, then record_accepted with what it wrote)."""
+        steps, rows = len(self._log), self.call_rows
         width = max([log[3].shape[1] for log in self._log] + [self.engine.k]) + 1  # a slot past the most kept: MODEL's
         step = np.repeat(np.arange(steps), [log[0].shape[0] for log in self._log])
         at = np.concatenate([log[0] for log in self._log] + [np.zeros(0, dtype=np.int64)])
@@ -221,9 +221,7 @@ class BatchDrafts:
         slot = np.arange(width)
         # a written token's source: a kept one's, then the step's own (MODEL) where it wrote more than it kept
         token_codes = np.where(slot < k[:, None], kept_sources, MODEL)[slot < w[:, None]]
-        ids = [self._finished[row] if row in self._finished else self.tokens[self.rows.index(row), : self.num_tokens[self.rows.index(row)]]
-               for row in range(rows)]  # (a row still going: the call stopped early)
-        ids = np.concatenate([tokens[self.prompt_lens_all[row] :] for row, tokens in enumerate(ids)] + [np.zeros(0, dtype=np.int64)])
+        ids = np.concatenate([self._outputs[row] for row in range(rows)] + [np.zeros(0, dtype=np.int64)])
         return DraftStats(
             drafted_per_step=d.tolist(), accepted_per_step=k.tolist(), no_draft_per_step=bytearray(reasons.tobytes()),
             source_codes=(bytearray(sources[slot < d[:, None]].tobytes()), bytearray(kept_sources[slot < k[:, None]].tobytes())),
